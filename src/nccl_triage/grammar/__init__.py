@@ -1,0 +1,1 @@
+"""The Lark grammar of NCCL / process-group / torchrun messages (``nccl.lark``)."""

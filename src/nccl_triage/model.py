@@ -1,0 +1,168 @@
+"""Plain data shared by every stage: physical lines, their prefixes, and parsed events.
+
+Input: nothing (this module does no I/O). Output: the dataclasses the other modules pass on.
+Field names of :class:`Event` are those of the JSON report (``spec/json-output.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Kind(StrEnum):
+    """Event kinds the grammar recognises (the ``kind`` field of an event)."""
+
+    WATCHDOG_TIMEOUT = "watchdog_timeout"  # a collective timed out on one rank (every era, every form)
+    WATCHDOG_STATUS = "watchdog_status"  # "Timeout at NCCL work" & co.; merged into a timeout
+    DESYNC_REPORT = "desync_report"  # TORCH_NCCL_DESYNC_DEBUG report lines
+    FLIGHT_RECORDER = "flight_recorder"  # stack trace of the failed collective, dumps, analyzer
+    TEARDOWN = "teardown"  # "Some NCCL operations have failed", "To avoid data inconsistency"
+    WATCHDOG_EXCEPTION = "watchdog_exception"  # watchdog thread died of something else (CUDA...)
+    TERMINATE = "terminate"  # "terminate called after throwing an instance of ..."
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"  # heartbeat monitor: watchdog stuck / no heartbeat
+    DUMP_SIGNAL = "dump_signal"  # a rank told to dump because another rank timed out
+    PROCESS_TERMINATED = "process_terminated"  # FATAL "Terminating the process after ... dump"
+    NCCL_ERROR = "nccl_error"  # NCCL error in:/NCCL error:/ncclXxx detail/aborted communicator
+    NCCL_WARN = "nccl_warn"  # libnccl "NCCL WARN" line
+    NCCL_INFO = "nccl_info"  # libnccl INFO lines that matter: init, version, net, env, errors
+    CUDA_ERROR = "cuda_error"  # CUDA error surfaced by the watchdog or a RuntimeError
+    COLLECTIVE_MISMATCH = "collective_mismatch"  # TORCH_DISTRIBUTED_DEBUG=DETAIL fingerprints
+    WORKER_FAILED = "worker_failed"  # torchrun agent: "failed (exitcode: N) local_rank: ..."
+    AGENT_SIGNAL = "agent_signal"  # torchrun agent: closing signal / death signal
+    CHILD_FAILED = "child_failed"  # ChildFailedError summary record (root cause or other)
+    STORE_TIMEOUT = "store_timeout"  # TCPStore/FileStore/barrier/rendezvous timeouts
+    SOCKET_ERROR = "socket_error"  # c10d socket connect/listen/recv failures
+    RENDEZVOUS_ERROR = "rendezvous_error"  # torch.distributed.elastic rendezvous exceptions
+    GLOO_ERROR = "gloo_error"  # Gloo transport timeouts and connection errors
+    ENV_WARNING = "env_warning"  # deprecated / ineffective environment variables
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """One layer peeled off the front of a line (outermost first)."""
+
+    kind: str  # viewer_line, json, quote, timestamp, launcher, tee, rank, excepthook, header, ...
+    text: str
+
+
+@dataclass(slots=True)
+class Line:
+    """One segment of a physical line (a line, or the part of it after a carriage return).
+
+    ``lineno`` is the 1-based physical line of the decompressed input, as ``sed -n Np`` shows it;
+    every segment of a line redrawn with carriage returns keeps that number.
+    """
+
+    source: str
+    lineno: int
+    text: str  # decoded, ANSI colour codes removed, without the line ending
+    message: str = ""  # text with the outer prefixes peeled off
+    prefixes: tuple[Prefix, ...] = ()
+    rank: int | None = None  # global rank when a prefix carries it
+    local_rank: int | None = None
+    role: str | None = None  # torchrun tee role ("default", "rank", a custom template)
+    host: str | None = None
+    pid: int | None = None
+    severity: str | None = None  # E, W, I, F, ... from a c10/glog/Python header
+    time: str | None = None  # the timestamp as written
+    ts: float | None = None  # seconds, comparable within one log (see anatomy.to_seconds)
+    clock: str | None = None  # which clock the time came from: c10, glog, iso, python
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """Another line where the same event shows up (a repeat, a what(), a status line)."""
+
+    line: int
+    rank: int | None
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form used in evidence lists."""
+        return {"line": self.line, "rank": self.rank, "text": self.text}
+
+
+@dataclass(slots=True)
+class Event:
+    """A structured event recognised by the grammar.
+
+    The attribute names are the JSON field names of ``spec/json-output.md``; family-specific
+    values (exit code, NCCL version, interface, ...) live in ``detail`` and are flattened into
+    the JSON object.
+    """
+
+    kind: str
+    source: str
+    line: int
+    text: str
+    rank: int | None = None
+    local_rank: int | None = None
+    pg: str | None = None  # process-group id or name as printed ("0", "3", "default_pg")
+    pg_guid: str | None = None
+    pg_desc: str | None = None
+    pg_rank: int | None = None  # the rank inside that process group ("[Rank N]")
+    host: str | None = None
+    pid: int | None = None
+    time: str | None = None
+    ts: float | None = None
+    seq: int | None = None
+    op_type: str | None = None
+    numel_in: int | None = None
+    numel_out: int | None = None
+    tensor_shape: str | None = None
+    timeout_ms: int | None = None
+    ran_for_ms: int | None = None
+    last_enqueued: int | None = None
+    last_started: int | None = None
+    last_completed: int | None = None
+    form: str | None = None  # how the event was written: watchdog, blocking_wait, status, ...
+    partial: bool = False  # damaged line: only the fields that survived are set
+    pytorch_era: str | None = None
+    detail: dict[str, str | int | None] = field(default_factory=dict)
+    occurrences: list[Occurrence] = field(default_factory=list)
+    repeats: int = 0  # copies hidden behind "[repeated Nx across cluster]" (not counted)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON object of this event: set fields only, ``detail`` flattened."""
+        out: dict[str, Any] = {"kind": self.kind, "line": self.line, "rank": self.rank}
+        for name in _OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.partial:
+            out["partial"] = True
+        if self.repeats:
+            out["repeats"] = self.repeats
+        for key, value in self.detail.items():
+            if value is not None and key not in out:
+                out[key] = value
+        out["text"] = self.text
+        if self.occurrences:
+            out["occurrences"] = [o.to_dict() for o in self.occurrences]
+        return out
+
+
+_OPTIONAL_FIELDS = (
+    "local_rank",
+    "pg",
+    "pg_guid",
+    "pg_desc",
+    "pg_rank",
+    "host",
+    "pid",
+    "time",
+    "seq",
+    "op_type",
+    "numel_in",
+    "numel_out",
+    "tensor_shape",
+    "timeout_ms",
+    "ran_for_ms",
+    "last_enqueued",
+    "last_started",
+    "last_completed",
+    "form",
+    "pytorch_era",
+)
