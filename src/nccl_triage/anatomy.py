@@ -125,7 +125,7 @@ def peel(line: Line) -> Line:
             line.severity = m[1]
             if m[2]:
                 md = int(m[2])
-                stamp = f"{m[2]} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
+                stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
                 _set_time(line, stamp, "c10", md // 100, md % 100, m[3], m[4], m[5], m[6])
             prefixes.append(Prefix("header", m.group(0)))
             pos += m.end()
@@ -135,7 +135,7 @@ def peel(line: Line) -> Line:
         if m:
             line.severity = m[1]
             md = int(m[2])
-            stamp = f"{m[2]} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
+            stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
             _set_time(line, stamp, "glog", md // 100, md % 100, m[3], m[4], m[5], m[6])
             if line.pid is None:
                 line.pid = int(m[7])
