@@ -1,0 +1,115 @@
+"""The one pipeline everyone calls: an input and a ruleset in, a :class:`Report` out.
+
+Input: a path (``-`` for stdin, compressed or not) or a string, and a :class:`Ruleset`.
+Output: a :class:`Report`: verdict, ordered findings, events, job facts. Rendering is left to
+:mod:`nccl_triage.render`, so batch runs can skip it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO
+
+from nccl_triage.anatomy import peel
+from nccl_triage.engine import FAILURE_KINDS, Correlation, correlate
+from nccl_triage.facts import JobFacts, compute_facts
+from nccl_triage.model import Event, Finding, Kind, Line
+from nccl_triage.parse import Unparsed, _Parser
+from nccl_triage.prefilter import ANCHORS, Candidate, scan
+from nccl_triage.reader import display_name, iter_chunks, open_binary, segments
+from nccl_triage.ruleset import Ruleset
+from nccl_triage.signals import SignalClassifier, scan_anchors
+
+SCHEMA = "nccl-triage/1"
+
+
+@dataclass
+class Report:
+    """What triage found in one input (a log file, or one job made of per-rank files)."""
+
+    source: str
+    verdict: str  # clean | nccl_timeout | nccl_error
+    findings: list[Finding]
+    events: list[Event]  # grammar events, deduplicated
+    signals: list[Event]  # context signal events
+    facts: JobFacts
+    lines: int = 0
+    unparsed: list[Unparsed] = field(default_factory=list)
+    correlation: Correlation | None = None
+
+
+def verdict_of(events: Iterable[Event]) -> str:
+    """``nccl_timeout`` if a collective timed out, ``nccl_error`` for any other NCCL failure."""
+    kinds = {e.kind for e in events}
+    if Kind.WATCHDOG_TIMEOUT in kinds:
+        return "nccl_timeout"
+    if kinds & FAILURE_KINDS:
+        return "nccl_error"
+    return "clean"
+
+
+class Triage:
+    """Incremental triage of one input: feed candidates, then ask for the report."""
+
+    def __init__(self, source: str, ruleset: Ruleset) -> None:
+        self.source = source
+        self.ruleset = ruleset
+        self._parser = _Parser(source)
+        self._signals = SignalClassifier(ruleset.signals)
+        self.lines = 0
+
+    def feed(self, cand: Candidate) -> None:
+        """Take one candidate line: grammar events and signals."""
+        self._parser.feed(cand)
+        if self.ruleset.signals:
+            for seg in segments(cand.raw):
+                self._signals.feed(peel(Line(self.source, cand.lineno, seg)))
+
+    def report(self) -> Report:
+        """Correlate what was fed so far into a report."""
+        events = self._parser.dedupe.events()
+        signals = list(self._signals.events)
+        everything = sorted([*events, *signals], key=lambda e: e.line)
+        facts = compute_facts(everything)
+        verdict = verdict_of(events)
+        correlation = correlate(everything, facts, self.ruleset.rules) if verdict != "clean" else Correlation()
+        return Report(
+            source=self.source,
+            verdict=verdict,
+            findings=correlation.findings,
+            events=events,
+            signals=signals,
+            facts=facts,
+            lines=self.lines,
+            unparsed=self._parser.unparsed,
+            correlation=correlation,
+        )
+
+
+def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
+    """The literal anchors of the chunk scan: the grammar's and the signals'."""
+    literals, _regexes = scan_anchors(ruleset.signals)
+    return tuple(dict.fromkeys((*ANCHORS, *literals)))
+
+
+def triage_path(path: str, ruleset: Ruleset, stdin: IO[bytes] | None = None) -> Report:
+    """Triage one input: a path, ``-`` for stdin, plain or compressed."""
+    name = display_name(path)
+    stats: dict[str, int] = {}
+    state = Triage(name, ruleset)
+    with open_binary(path, stdin) as fh:
+        for cand in scan(iter_chunks(fh), scan_patterns(ruleset), stats):
+            state.feed(cand)
+    state.lines = stats.get("lines", 0)
+    return state.report()
+
+
+def triage_text(text: str, ruleset: Ruleset, source: str = "<text>") -> Report:
+    """Triage a log given as a string (rule examples, tests)."""
+    stats: dict[str, int] = {}
+    state = Triage(source, ruleset)
+    for cand in scan([text.encode("utf-8", "surrogateescape")], scan_patterns(ruleset), stats):
+        state.feed(cand)
+    state.lines = stats.get("lines", 0)
+    return state.report()

@@ -1,0 +1,201 @@
+"""Rules x events x job facts -> findings, most likely first.
+
+Input: the events of one input or job (grammar events and signal events, in line order), its
+:class:`JobFacts`, and the rules of a :class:`Ruleset`. Output: :class:`Finding` objects and,
+for ``--explain``, why each rule did or did not fire.
+
+A rule fires on its first trigger event (``match``) for which every context clause holds: an
+event or signal of the named kind within the window (lines and/or seconds, before, after or
+around the trigger, optionally on the same or another rank), or its absence
+(``present: false``), and for which the job facts satisfy ``facts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import re2
+
+from nccl_triage.facts import JobFacts
+from nccl_triage.model import Clause, Condition, Event, Finding, Kind, Rule
+
+# ``match: {event: failure}`` triggers on any of these: the ways a job fails in NCCL.
+FAILURE_KINDS = frozenset(
+    {
+        Kind.WATCHDOG_TIMEOUT,
+        Kind.NCCL_ERROR,
+        Kind.NCCL_WARN,
+        Kind.WATCHDOG_EXCEPTION,
+        Kind.HEARTBEAT_TIMEOUT,
+        Kind.COLLECTIVE_MISMATCH,
+        Kind.STORE_TIMEOUT,
+        Kind.GLOO_ERROR,
+    }
+)
+ANY_FAILURE = "failure"
+
+
+@dataclass
+class Explanation:
+    """Why a rule did or did not fire (``--explain``)."""
+
+    rule: Rule
+    fired: bool
+    reason: str
+
+
+@dataclass
+class Correlation:
+    """The engine's answer: findings in order, and the reasoning for every rule."""
+
+    findings: list[Finding] = field(default_factory=list)
+    explanations: list[Explanation] = field(default_factory=list)
+
+
+def correlate(events: Sequence[Event], facts: JobFacts, rules: Iterable[Rule]) -> Correlation:
+    """Evaluate every rule against the events and facts of one input."""
+    by_kind: dict[str, list[Event]] = {}
+    for ev in events:
+        by_kind.setdefault(ev.kind, []).append(ev)
+        if ev.kind in FAILURE_KINDS:
+            by_kind.setdefault(ANY_FAILURE, []).append(ev)
+    fact_values = facts.to_dict()
+    out = Correlation()
+    for rule in rules:
+        finding, reason = _evaluate(rule, by_kind, fact_values)
+        out.explanations.append(Explanation(rule, finding is not None, reason))
+        if finding is not None:
+            out.findings.append(finding)
+    if any(f.rule.cause != "unknown" for f in out.findings):
+        out.findings = [f for f in out.findings if f.rule.cause != "unknown"]
+    out.findings.sort(key=lambda f: (-f.confidence, -f.specificity, f.trigger.line, f.rule.id))
+    return out
+
+
+def _evaluate(
+    rule: Rule, by_kind: dict[str, list[Event]], facts: dict[str, Any]
+) -> tuple[Finding | None, str]:
+    for cond in rule.facts:
+        if not holds(cond, facts.get(cond.field)):
+            return None, f"fact {_describe(cond)} does not hold (it is {facts.get(cond.field)!r})"
+    triggers = [e for e in by_kind.get(rule.match.event, []) if _all_hold(rule.match.where, e)]
+    if not triggers:
+        what = rule.match.event + (" matching " + _describe_all(rule.match.where) if rule.match.where else "")
+        return None, f"no {what} event"
+    last_reason = ""
+    for trigger in triggers:
+        evidence: list[Event] = []
+        failed = ""
+        for i, clause in enumerate(rule.context):
+            hits = [c for c in by_kind.get(clause.event, []) if _in_context(c, trigger, clause)]
+            if clause.present and not hits:
+                failed = f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
+                break
+            if not clause.present and hits:
+                failed = f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"
+                break
+            if clause.present:
+                evidence.append(min(hits, key=lambda c: abs(c.line - trigger.line)))
+        if failed:
+            last_reason = failed
+            continue
+        confidence = rule.confidence - (0.05 if trigger.partial else 0.0)
+        specificity = (
+            sum(1 for c in rule.context if c.present)
+            + len(rule.match.where)
+            + len(rule.facts)
+            + sum(len(c.where) for c in rule.context)
+        )
+        finding = Finding(rule, trigger, evidence, round(max(confidence, 0.0), 2), specificity)
+        return finding, f"fired on line {trigger.line}"
+    return None, last_reason
+
+
+def _in_context(c: Event, trigger: Event, clause: Clause) -> bool:
+    if c is trigger:
+        return False
+    delta = c.line - trigger.line
+    if clause.direction == "before" and delta > 0:
+        return False
+    if clause.direction == "after" and delta < 0:
+        return False
+    if clause.lines is not None and abs(delta) > clause.lines:
+        return False
+    if clause.seconds is not None and c.ts is not None and trigger.ts is not None:
+        gap = trigger.ts - c.ts
+        if clause.direction == "before" and gap < -clause.seconds:
+            return False
+        if abs(gap) > clause.seconds and not (clause.direction == "before" and gap < 0):
+            return False
+    if clause.same_rank and (c.rank is None or trigger.rank is None or c.rank != trigger.rank):
+        return False
+    if clause.other_rank and (c.rank is None or trigger.rank is None or c.rank == trigger.rank):
+        return False
+    return _all_hold(clause.where, c)
+
+
+def _all_hold(conditions: Iterable[Condition], ev: Event) -> bool:
+    return all(holds(cond, field_value(ev, cond.field)) for cond in conditions)
+
+
+def field_value(ev: Event, name: str) -> Any:
+    """Look a field up on an event: a dataclass attribute, else a ``detail`` entry."""
+    if name in ev.__dataclass_fields__ and name not in ("detail", "occurrences"):
+        return getattr(ev, name)
+    return ev.detail.get(name)
+
+
+@cache
+def _regex(pattern: str) -> Any:
+    return re2.compile(pattern)
+
+
+def holds(cond: Condition, value: Any) -> bool:
+    """Test one condition against a value (None fails every test but ``exists: false``)."""
+    op, want = cond.op, cond.value
+    if op == "exists":
+        return (value is not None and value != [] and value != "") == bool(want)
+    if value is None:
+        return op == "ne"
+    if op == "eq":
+        return bool(value == want)
+    if op == "ne":
+        return bool(value != want)
+    if op == "in":
+        return value in want
+    if op == "matches":
+        return _regex(str(want)).search(str(value)) is not None
+    if isinstance(value, list | tuple | dict):
+        value = len(value)
+    if not isinstance(value, int | float):
+        return False
+    if op == "gt":
+        return bool(value > want)
+    if op == "ge":
+        return bool(value >= want)
+    if op == "lt":
+        return bool(value < want)
+    if op == "le":
+        return bool(value <= want)
+    return False
+
+
+def _describe(cond: Condition) -> str:
+    return f"{cond.field} {cond.op} {cond.value!r}"
+
+
+def _describe_all(conds: Iterable[Condition]) -> str:
+    return ", ".join(_describe(c) for c in conds)
+
+
+def _window(clause: Clause) -> str:
+    parts = []
+    if clause.lines is not None:
+        parts.append(f"{clause.lines} lines")
+    if clause.seconds is not None:
+        parts.append(f"{clause.seconds:g} s")
+    within = " within " + " / ".join(parts) if parts else ""
+    return f"{clause.direction}{within}"

@@ -1,0 +1,259 @@
+"""Reports to text: the advice templates (Jinja, sandboxed) and the text/markdown/json formats.
+
+Input: a :class:`Report` and the ruleset's template directories. Output: strings. Templates
+come from other teams: they render in Jinja's :class:`SandboxedEnvironment` with
+``StrictUndefined`` (a misspelt variable is an error, not an empty string) and see only
+``rule``, ``finding``, ``trigger``, ``evidence`` and ``facts``. Only this module imports jinja2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import SandboxedEnvironment
+
+from nccl_triage.api import SCHEMA, Report
+from nccl_triage.errors import TemplateError
+from nccl_triage.facts import JobFacts
+from nccl_triage.model import Event, Finding, Kind
+
+
+def human_ms(value: Any) -> str:
+    """``1800000`` -> ``30 min``; ``600061`` -> ``10.0 min``; ``5743`` -> ``5.7 s``."""
+    if value is None:
+        return "?"
+    ms = float(value)
+    if ms >= 3_600_000:
+        hours = ms / 3_600_000
+        return f"{hours:.0f} h" if hours == int(hours) else f"{hours:.1f} h"
+    if ms >= 60_000:
+        minutes = ms / 60_000
+        return f"{minutes:.0f} min" if minutes == int(minutes) else f"{minutes:.1f} min"
+    return f"{ms / 1000:.1f} s"
+
+
+def human_seconds(value: Any) -> str:
+    """Seconds as a duration (``2100`` -> ``35 min``)."""
+    return "?" if value is None else human_ms(float(value) * 1000)
+
+
+def human_bytes(value: Any) -> str:
+    """``2147483648`` -> ``2.0 GiB``."""
+    if value is None:
+        return "?"
+    n = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_number(value: Any) -> str:
+    """``1245708288`` -> ``1,245,708,288``."""
+    return "?" if value is None else f"{int(value):,}"
+
+
+@cache
+def _environment(dirs: tuple[Path, ...]) -> SandboxedEnvironment:
+    env = SandboxedEnvironment(
+        loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+    )
+    env.filters.update(ms=human_ms, seconds=human_seconds, bytes=human_bytes, num=human_number)
+    return env
+
+
+def event_view(ev: Event) -> dict[str, Any]:
+    """An event as templates and JSON see it (detail flattened)."""
+    return ev.to_dict()
+
+
+def template_context(finding: Finding, facts: JobFacts) -> dict[str, Any]:
+    """The variables a rule's advice template is given, and no others."""
+    trigger = finding.trigger
+    evidence = []
+    for ev in finding.evidence:
+        view = event_view(ev)
+        view["gap_lines"] = trigger.line - ev.line
+        view["gap_s"] = (
+            round(trigger.ts - ev.ts) if trigger.ts is not None and ev.ts is not None else None
+        )
+        evidence.append(view)
+    rule = finding.rule
+    return {
+        "rule": {
+            "id": rule.id,
+            "title": rule.title,
+            "cause": rule.cause,
+            "severity": rule.severity.value,
+            "references": list(rule.references),
+        },
+        "finding": {"confidence": finding.confidence},
+        "trigger": event_view(trigger),
+        "evidence": evidence,
+        "facts": facts.to_dict(),
+    }
+
+
+def render_advice(finding: Finding, facts: JobFacts, template_dirs: Sequence[Path]) -> str:
+    """Render a finding's advice from its rule's template.
+
+    Raises:
+        TemplateError: the template is missing, broken, uses an unknown variable, or tries to
+            reach outside the sandbox.
+    """
+    env = _environment(tuple(template_dirs))
+    name = finding.rule.advice
+    try:
+        template = env.get_template(name)
+        text = template.render(**template_context(finding, facts))
+    except jinja2.TemplateNotFound:
+        raise TemplateError(str(finding.rule.source), f"advice template '{name}' not found") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{exc.filename or name}:{exc.lineno}", f"template error: {exc.message}") from None
+    except jinja2.exceptions.SecurityError as exc:
+        raise TemplateError(name, f"template refused by the sandbox: {exc}") from None
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(name, f"template uses an undefined value: {exc.message}") from None
+    except Exception as exc:
+        raise TemplateError(name, f"template failed: {type(exc).__name__}: {exc}") from None
+    return text.strip() + "\n"
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]:
+    """The report object of ``spec/json-output.md``."""
+    diagnoses = []
+    for f in report.findings:
+        evidence = [{"line": e.line, "rank": e.rank, "text": e.text} for e in _evidence_events(f)]
+        diagnoses.append(
+            {
+                "rule": f.rule.id,
+                "cause": f.rule.cause,
+                "severity": f.rule.severity.value,
+                "confidence": f.confidence,
+                "title": f.rule.title,
+                "evidence": evidence,
+                "advice": render_advice(f, report.facts, template_dirs),
+                "references": list(f.rule.references),
+            }
+        )
+    timeouts = [e for e in report.events if e.kind == Kind.WATCHDOG_TIMEOUT]
+    return {
+        "schema": SCHEMA,
+        "source": report.source,
+        "verdict": report.verdict,
+        "diagnoses": diagnoses,
+        "events": [e.to_dict() for e in report.events],
+        "summary": {
+            "lines": report.lines,
+            "ranks_seen": report.facts.ranks_seen,
+            "ranks_timed_out": report.facts.ranks_timed_out,
+            "op_types": report.facts.op_types,
+            "first_timeout_line": min((e.line for e in timeouts), default=None),
+            "world_size": report.facts.world_size,
+            "ranks_not_timed_out": report.facts.ranks_not_timed_out,
+        },
+        "facts": report.facts.to_dict(),
+    }
+
+
+def _evidence_events(f: Finding) -> list[Event]:
+    return sorted([*f.evidence, f.trigger], key=lambda e: e.line)
+
+
+_COLORS = {"critical": "1;31", "high": "31", "medium": "33", "low": "36", "info": "37"}
+
+
+def render_text(report: Report, template_dirs: Sequence[Path], color: bool = False) -> str:
+    """Human-readable report for a terminal."""
+
+    def paint(text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if color else text
+
+    lines: list[str] = []
+    head = f"{report.source}: {report.verdict}"
+    if report.verdict == "clean":
+        lines.append(paint(head, "32") + f" (no NCCL failure in {report.lines} lines)")
+        return "\n".join(lines) + "\n"
+    lines.append(paint(head, "1"))
+    lines.append(_summary_line(report))
+    for i, f in enumerate(report.findings, 1):
+        sev = f.rule.severity.value
+        lines.append("")
+        lines.append(
+            paint(f"{i}. [{f.rule.cause}] {f.rule.title}", "1")
+            + f"  ({sev}, confidence {f.confidence:.2f}, rule {f.rule.id})"
+        )
+        for ev in _evidence_events(f):
+            rank = "" if ev.rank is None else f" rank {ev.rank}"
+            text = ev.text if len(ev.text) <= 220 else ev.text[:217] + "..."
+            lines.append(paint(f"   {report.source}:{ev.line}{rank}: ", _COLORS.get(sev, "0")) + text)
+        lines.append("")
+        advice = render_advice(f, report.facts, template_dirs)
+        lines.extend("   " + a if a else "" for a in advice.rstrip().splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def _summary_line(report: Report) -> str:
+    facts = report.facts
+    parts = []
+    if facts.timeouts:
+        ops = ", ".join(facts.op_types) or "?"
+        parts.append(f"{facts.timeouts} timeout(s) in {ops}")
+        if facts.ranks_timed_out:
+            parts.append(f"ranks timed out: {_ranks(facts.ranks_timed_out)}")
+        if facts.ranks_not_timed_out:
+            parts.append(f"did not: {_ranks(facts.ranks_not_timed_out)}")
+    if facts.world_size:
+        parts.append(f"world size {facts.world_size}")
+    if facts.first_failure_rank is not None:
+        parts.append(f"first to die: rank {facts.first_failure_rank} ({facts.first_failure_signal or facts.first_failure_exit_code})")
+    return "   " + "; ".join(parts) if parts else ""
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ",".join(str(r) for r in ranks)
+
+
+def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
+    """A report to paste into an issue."""
+    out = [f"### nccl-triage: `{report.source}` — {report.verdict}", ""]
+    if report.verdict == "clean":
+        out.append(f"No NCCL failure in {report.lines} lines.")
+        return "\n".join(out) + "\n"
+    summary = _summary_line(report).strip()
+    if summary:
+        out += [summary, ""]
+    for i, f in enumerate(report.findings, 1):
+        out.append(f"**{i}. {f.rule.title}** — cause `{f.rule.cause}`, confidence {f.confidence:.2f} (rule `{f.rule.id}`)")
+        out.append("")
+        out.append("```")
+        for ev in _evidence_events(f):
+            rank = "" if ev.rank is None else f" rank {ev.rank}"
+            out.append(f"{ev.line}{rank}: {ev.text}")
+        out.append("```")
+        out.append("")
+        out.append(render_advice(f, report.facts, template_dirs).rstrip())
+        if f.rule.references:
+            out.append("")
+            out.append("References: " + ", ".join(f.rule.references))
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def render_json_line(report: Report, template_dirs: Sequence[Path]) -> str:
+    """One report as one line of JSON."""
+    return json.dumps(report_json(report, template_dirs), ensure_ascii=False)

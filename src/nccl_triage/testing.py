@@ -1,0 +1,85 @@
+"""Runs the examples embedded in rules: each must fire (``match``) or not (``no-match``).
+
+Input: a :class:`Ruleset`. Output: one :class:`ExampleResult` per example, saying what was
+expected and what fired. Backs ``tests/test_rule_examples.py`` and ``nccl-triage rules test``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nccl_triage.api import triage_path, triage_text
+from nccl_triage.model import Example, Rule
+from nccl_triage.render import render_advice
+from nccl_triage.ruleset import Ruleset
+
+
+@dataclass
+class ExampleResult:
+    """The outcome of one example."""
+
+    rule: Rule
+    example: Example
+    passed: bool
+    fired: list[str]  # ids of the rules that fired on the example
+    message: str
+
+    @property
+    def id(self) -> str:
+        """``<rule-id>::<example-name>``."""
+        return f"{self.rule.id}::{self.example.name}"
+
+
+def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult:
+    """Triage one example with the whole ruleset and check the rule's expectation."""
+    if example.file is not None:
+        report = triage_path(example.file, ruleset)
+    else:
+        report = triage_text(example.log or "", ruleset, source=f"{rule.id}::{example.name}")
+    assert report.correlation is not None
+    fired = [e.rule.id for e in report.correlation.explanations if e.fired]
+    did = rule.id in fired
+    want = example.expect == "match"
+    if did == want:
+        message = "ok"
+        if did:  # the advice must render on every matching example
+            finding = next(f for f in _findings(report, rule))
+            render_advice(finding, report.facts, ruleset.template_dirs)
+    else:
+        why = next((e.reason for e in report.correlation.explanations if e.rule.id == rule.id), "")
+        if report.verdict == "clean":
+            why = "the example holds no NCCL failure"
+        message = (
+            f"expected {rule.id} to {'fire' if want else 'stay silent'}, "
+            f"but it {'fired' if did else 'did not'} ({why}); fired: {', '.join(fired) or 'nothing'}"
+        )
+    return ExampleResult(rule, example, did == want, fired, message)
+
+
+def _findings(report: object, rule: Rule) -> list:  # type: ignore[type-arg]
+    correlation = getattr(report, "correlation", None)
+    if correlation is None:
+        return []
+    # the unknown rule is dropped from findings when another fires; rebuild it from explanations
+    from nccl_triage.engine import correlate
+
+    found = [f for f in correlation.findings if f.rule.id == rule.id]
+    if found:
+        return found
+    full = correlate(
+        sorted([*report.events, *report.signals], key=lambda e: e.line),  # type: ignore[attr-defined]
+        report.facts,  # type: ignore[attr-defined]
+        [rule],
+    )
+    return full.findings
+
+
+def run_examples(ruleset: Ruleset) -> list[ExampleResult]:
+    """Run every example of every rule."""
+    return [run_example(rule, ex, ruleset) for rule in ruleset.rules for ex in rule.examples]
+
+
+def example_path(example: Example) -> Path | None:
+    """The example's log file, if it is given as a file."""
+    return Path(example.file) if example.file else None
