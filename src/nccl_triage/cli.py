@@ -68,6 +68,88 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
 
 
+@main.command()
+@click.argument("logs", nargs=-1, required=True, metavar="LOG...")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "json"]),
+    default="text",
+    show_default=True,
+    help="text for a terminal, markdown to paste into an issue, json (one object per input).",
+)
+@click.option(
+    "--rules",
+    "rule_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A directory of team rules (repeatable); a rule with a built-in's id replaces it.",
+)
+@click.option("--only", multiple=True, metavar="ID", help="Evaluate only these rules.")
+@click.option("--disable", multiple=True, metavar="ID", help="Do not evaluate these rules.")
+@click.option("--explain", is_flag=True, help="Show which rules were considered and why each did or did not fire.")
+@click.option("--color/--no-color", default=None, help="Colour the text output (default: on a terminal, unless NO_COLOR is set).")
+def triage(
+    logs: tuple[str, ...],
+    fmt: str,
+    rule_dirs: tuple[str, ...],
+    only: tuple[str, ...],
+    disable: tuple[str, ...],
+    explain: bool,
+    color: bool | None,
+) -> None:
+    """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
+    from nccl_triage.api import triage_path
+    from nccl_triage.render import render_json_line, render_markdown, render_text
+    from nccl_triage.ruleset import load_ruleset
+
+    try:
+        ruleset = load_ruleset(rule_dirs, only=only, disable=disable)
+    except TriageError as exc:
+        for line in str(exc).splitlines():
+            _error(line)
+        sys.exit(EXIT_USAGE)
+    for notice in ruleset.notices:
+        _error(notice)
+    out = click.get_text_stream("stdout")
+    if color is None:
+        color = out.isatty() and not os.environ.get("NO_COLOR")
+    read_any = False
+    failed = False
+    with _quiet_broken_pipe():
+        for path in logs:
+            try:
+                report = triage_path(path, ruleset)
+                if fmt == "json":
+                    text = render_json_line(report, ruleset.template_dirs) + "\n"
+                elif fmt == "markdown":
+                    text = render_markdown(report, ruleset.template_dirs)
+                else:
+                    text = render_text(report, ruleset.template_dirs, color=color)
+            except TriageError as exc:
+                _error(str(exc))
+                continue
+            read_any = True
+            failed = failed or report.verdict != "clean"
+            out.write(text)
+            if explain and report.correlation is not None:
+                out.write(_explain(report.correlation))
+            elif explain:
+                out.write("   (clean: no rule evaluated)\n")
+            out.flush()
+    if not read_any:
+        sys.exit(EXIT_USAGE)
+    sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
+
+
+def _explain(correlation: Any) -> str:
+    lines = ["", "rules considered:"]
+    for exp in correlation.explanations:
+        mark = "fired " if exp.fired else "silent"
+        lines.append(f"  {mark} {exp.rule.id:<28} {exp.rule.cause:<38} {exp.reason}")
+    return "\n".join(lines) + "\n"
+
+
 def _is_failure(ev: Event) -> bool:
     return ev.kind in _FAILURE_KINDS
 

@@ -113,10 +113,10 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     facts.failed_ranks = sorted(failed)
     if nranks:
         facts.world_size = max(nranks)
-    elif seen:
-        facts.world_size = max(seen) + 1
-    if facts.world_size and timed_out:
-        facts.ranks_not_timed_out = sorted(set(range(facts.world_size)) - timed_out)
+    if timed_out:
+        # Without NCCL's nranks the log may be an excerpt: only ranks it shows are named.
+        universe = set(range(facts.world_size)) if facts.world_size else seen
+        facts.ranks_not_timed_out = sorted(universe - timed_out)
     all_seqs = [s for seqs in seqs_by_pg.values() for s in seqs]
     if all_seqs:
         facts.min_seq, facts.max_seq = min(all_seqs), max(all_seqs)
