@@ -45,7 +45,7 @@ def main() -> None:
 @click.option("--unparsed", is_flag=True, help="List candidate lines the grammar could not read.")
 def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     """Print the structured events of each LOG (a path, - for stdin; .gz/.bz2/.xz/.zst too)."""
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     read_any = False
     failed = False
     with _quiet_broken_pipe():
@@ -111,7 +111,7 @@ def triage(
         sys.exit(EXIT_USAGE)
     for notice in ruleset.notices:
         _error(notice)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     if color is None:
         color = out.isatty() and not os.environ.get("NO_COLOR")
     read_any = False

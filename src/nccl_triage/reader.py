@@ -49,8 +49,16 @@ def display_name(path: str) -> str:
 class Reader:
     """A readable byte source whose failures become :class:`InputError` naming the input."""
 
-    def __init__(self, inner: IO[bytes], name: str, kind: str = "", close_inner: bool = True):
+    def __init__(
+        self,
+        inner: IO[bytes],
+        name: str,
+        kind: str = "",
+        close_inner: bool = True,
+        underlying: IO[bytes] | None = None,
+    ):
         self._inner = inner
+        self._underlying = underlying  # the file under a decompressor, which does not close it
         self.name = name
         self.kind = kind  # "", gzip, bz2, xz or zstd
         self._close_inner = close_inner
@@ -75,6 +83,8 @@ class Reader:
         """Close the underlying file (never standard input)."""
         if self._close_inner:
             self._inner.close()
+            if self._underlying is not None:
+                self._underlying.close()
 
     def __enter__(self) -> Reader:
         return self
@@ -129,7 +139,7 @@ def _wrap_compressed(fh: io.BufferedReader, name: str, close_inner: bool) -> Rea
         raise InputError(name, exc.strerror or str(exc)) from None
     for magic, kind in _MAGIC:
         if head.startswith(magic):
-            return Reader(_decompressor(kind, fh), name, kind, close_inner)
+            return Reader(_decompressor(kind, fh), name, kind, close_inner, underlying=fh)
     return Reader(fh, name, "", close_inner)
 
 

@@ -1,0 +1,92 @@
+"""The command line: exit codes, one-line errors, formats."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from nccl_triage.cli import main
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+TIMEOUT = (
+    "[rank1]:[E1121 10:11:12.123456789 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=57, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=600000) "
+    "ran for 600038 milliseconds before timing out.\n"
+)
+
+
+def invoke(args: list[str], code: int, input: str | bytes | None = None) -> Result:
+    result = CliRunner().invoke(main, args, input=input)
+    assert result.exit_code == code, (result.output, result.exception)
+    return result
+
+
+def test_parse_stdin_jsonl() -> None:
+    result = invoke(["parse", "--format", "jsonl", "-"], 1, input=TIMEOUT)
+    event = json.loads(result.output.splitlines()[0])
+    assert event["kind"] == "watchdog_timeout"
+    assert (event["rank"], event["seq"], event["op_type"], event["numel_out"]) == (1, 57, "ALLGATHER", 4)
+    assert (event["timeout_ms"], event["ran_for_ms"], event["source"]) == (600000, 600038, "<stdin>")
+
+
+def test_parse_table_of_a_gzip_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.log.gz"
+    path.write_bytes(gzip.compress(TIMEOUT.encode()))
+    result = invoke(["parse", str(path)], 1)
+    assert "watchdog_timeout" in result.output and "ALLGATHER" in result.output
+
+
+def test_clean_input_exits_zero() -> None:
+    result = invoke(["triage", "-"], 0, input="step 1 loss 0.3\nstep 2 loss 0.2\n")
+    assert "clean" in result.output
+
+
+def test_missing_input_is_one_line_and_exit_2() -> None:
+    result = CliRunner().invoke(main, ["triage", "/no/such/file.log"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "nccl-triage: /no/such/file.log: no such file"
+
+
+def test_one_bad_input_among_good_ones(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["triage", "/no/such/file.log", str(FIXTURES / "two-node-wrong-ifname.log")])
+    assert result.exit_code == 1
+    assert "network_interface_misconfig" in result.output
+
+
+def test_truncated_gzip_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "cut.log.gz"
+    path.write_bytes(gzip.compress(TIMEOUT.encode() * 50)[:-20])
+    result = CliRunner().invoke(main, ["triage", str(path)])
+    assert result.exit_code == 2
+    assert f"{path}: truncated gzip data" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_triage_json_and_markdown() -> None:
+    log = str(FIXTURES / "lora-oom-hidden-by-timeout.log")
+    data = json.loads(invoke(["triage", "--format", "json", log], 1).output)
+    assert data["diagnoses"][0]["cause"] == "oom_hidden"
+    md = invoke(["triage", "--format", "markdown", log], 1).output
+    assert md.startswith("### nccl-triage:") and "`oom_hidden`" in md
+
+
+def test_explain_lists_every_rule() -> None:
+    out = invoke(["triage", "--explain", str(FIXTURES / "two-node-wrong-ifname.log")], 1).output
+    assert "fired  interface-misconfig" in out
+    assert "silent slow-checkpoint-save" in out
+
+
+def test_text_output_has_no_colour_when_piped_and_colour_when_asked() -> None:
+    log = str(FIXTURES / "two-node-wrong-ifname.log")
+    assert "\x1b[" not in invoke(["triage", log], 1).output
+    assert "\x1b[" in invoke(["triage", "--color", log], 1).output
+
+
+def test_bad_team_rules_exit_2_with_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "x.yaml").write_text("id: x\ntitel: typo\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["triage", "--rules", str(tmp_path), str(FIXTURES / "two-node-wrong-ifname.log")])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'x.yaml'}:2: unknown key 'titel'" in result.output

@@ -1,0 +1,51 @@
+"""The five situations users report most, end to end: the right cause first, with evidence and advice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nccl_triage.api import triage_path
+from nccl_triage.render import render_advice, report_json
+from nccl_triage.ruleset import load_ruleset
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+RULESET = load_ruleset()
+
+CASES = {
+    # (fixture, cause first, line of the key evidence, text the advice must contain)
+    "fsdp-mixtral-save-allgather-timeout.log": ("slow_checkpoint_save", 9, ["30 min", "ddp_timeout=3600", "model saved"]),
+    "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 5, ["30 min", "1, 2, 3"]),
+    "zero3-generate-inference-timeout.log": ("generate_zero3", 8, ["synced_gpus=True", "12 h", "939,524,096"]),
+    "lora-oom-hidden-by-timeout.log": ("oom_hidden", 10, ["rank 2", "rank 0 as the first to die"]),
+    "two-node-wrong-ifname.log": ("network_interface_misconfig", 7, ["NCCL_SOCKET_IFNAME", "ip -brief addr"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fixture_names_the_cause_with_evidence_and_advice(name: str) -> None:
+    cause, evidence_line, advice_bits = CASES[name]
+    report = triage_path(str(FIXTURES / name), RULESET)
+    assert report.verdict == "nccl_timeout"
+    top = report.findings[0]
+    assert top.rule.cause == cause
+    assert evidence_line in [e.line for e in top.evidence]
+    advice = render_advice(top, report.facts, RULESET.template_dirs)
+    for bit in advice_bits:
+        assert bit in advice, (bit, advice)
+
+
+def test_json_report_follows_the_spec() -> None:
+    report = triage_path(str(FIXTURES / "ddp-sft-safetensors-save-timeout.log"), RULESET)
+    data = report_json(report, RULESET.template_dirs)
+    assert data["schema"] == "nccl-triage/1"
+    assert data["verdict"] == "nccl_timeout"
+    diag = data["diagnoses"][0]
+    assert {"rule", "cause", "severity", "confidence", "title", "evidence", "advice"} <= set(diag)
+    assert all({"line", "rank", "text"} == set(e) for e in diag["evidence"])
+    timeouts = [e for e in data["events"] if e["kind"] == "watchdog_timeout"]
+    assert [e["rank"] for e in timeouts] == [1, 2, 3]
+    assert timeouts[0]["op_type"] == "_ALLGATHER_BASE" and timeouts[0]["timeout_ms"] == 1800000
+    assert data["summary"]["ranks_timed_out"] == [1, 2, 3]
+    assert data["summary"]["first_timeout_line"] == 6
