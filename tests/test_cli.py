@@ -28,8 +28,17 @@ def test_parse_stdin_jsonl() -> None:
     result = invoke(["parse", "--format", "jsonl", "-"], 1, input=TIMEOUT)
     event = json.loads(result.output.splitlines()[0])
     assert event["kind"] == "watchdog_timeout"
-    assert (event["rank"], event["seq"], event["op_type"], event["numel_out"]) == (1, 57, "ALLGATHER", 4)
-    assert (event["timeout_ms"], event["ran_for_ms"], event["source"]) == (600000, 600038, "<stdin>")
+    assert (event["rank"], event["seq"], event["op_type"], event["numel_out"]) == (
+        1,
+        57,
+        "ALLGATHER",
+        4,
+    )
+    assert (event["timeout_ms"], event["ran_for_ms"], event["source"]) == (
+        600000,
+        600038,
+        "<stdin>",
+    )
 
 
 def test_parse_table_of_a_gzip_file(tmp_path: Path) -> None:
@@ -51,7 +60,9 @@ def test_missing_input_is_one_line_and_exit_2() -> None:
 
 
 def test_one_bad_input_among_good_ones(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["triage", "/no/such/file.log", str(FIXTURES / "two-node-wrong-ifname.log")])
+    result = CliRunner().invoke(
+        main, ["triage", "/no/such/file.log", str(FIXTURES / "two-node-wrong-ifname.log")]
+    )
     assert result.exit_code == 1
     assert "network_interface_misconfig" in result.output
 
@@ -87,6 +98,8 @@ def test_text_output_has_no_colour_when_piped_and_colour_when_asked() -> None:
 
 def test_bad_team_rules_exit_2_with_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "x.yaml").write_text("id: x\ntitel: typo\n", encoding="utf-8")
-    result = CliRunner().invoke(main, ["triage", "--rules", str(tmp_path), str(FIXTURES / "two-node-wrong-ifname.log")])
+    result = CliRunner().invoke(
+        main, ["triage", "--rules", str(tmp_path), str(FIXTURES / "two-node-wrong-ifname.log")]
+    )
     assert result.exit_code == 2
     assert f"{tmp_path / 'x.yaml'}:2: unknown key 'titel'" in result.output

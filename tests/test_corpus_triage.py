@@ -18,7 +18,9 @@ from nccl_triage.api import triage_path
 from nccl_triage.ruleset import load_ruleset
 
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
-pytestmark = pytest.mark.skipif(not (CORPUS / "manifest.yaml").is_file(), reason="corpus not available")
+pytestmark = pytest.mark.skipif(
+    not (CORPUS / "manifest.yaml").is_file(), reason="corpus not available"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,9 @@ def results() -> list[tuple[dict[str, Any], str, str]]:
 
 
 def test_every_verdict_is_right(results: list[tuple[dict[str, Any], str, str]]) -> None:
-    wrong = [(c["id"], v, c["expected_verdict"]) for c, v, _ in results if v != c["expected_verdict"]]
+    wrong = [
+        (c["id"], v, c["expected_verdict"]) for c, v, _ in results if v != c["expected_verdict"]
+    ]
     assert not wrong
 
 

@@ -55,18 +55,32 @@ def test_good_team_rule_loads_next_to_builtins(tmp_path: Path) -> None:
 
 
 def test_misspelled_key_names_file_line_and_allowed_keys(tmp_path: Path) -> None:
-    d = write(tmp_path, "team-rule.yaml", GOOD.replace("    within: {lines: 100}", "    withn: {lines: 100}"))
+    d = write(
+        tmp_path,
+        "team-rule.yaml",
+        GOOD.replace("    within: {lines: 100}", "    withn: {lines: 100}"),
+    )
     msg = load_error(d)
-    assert f"{d / 'team-rule.yaml'}:9: context[0]: unknown key 'withn' (expected: event, where, within" in msg
+    assert (
+        f"{d / 'team-rule.yaml'}:9: context[0]: unknown key 'withn' (expected: event, where, within"
+        in msg
+    )
 
 
 def test_duplicate_key_is_rejected(tmp_path: Path) -> None:
-    d = write(tmp_path, "team-rule.yaml", GOOD.replace("severity: high\n", "severity: high\nseverity: low\n"))
+    d = write(
+        tmp_path,
+        "team-rule.yaml",
+        GOOD.replace("severity: high\n", "severity: high\nseverity: low\n"),
+    )
     assert ":5: duplicate key 'severity'" in load_error(d)
 
 
 def test_python_object_tag_is_refused(tmp_path: Path) -> None:
-    hostile = GOOD.replace("title: Team uploader stalled", "title: !!python/object/apply:os.system ['touch /tmp/pwned']")
+    hostile = GOOD.replace(
+        "title: Team uploader stalled",
+        "title: !!python/object/apply:os.system ['touch /tmp/pwned']",
+    )
     d = write(tmp_path, "team-rule.yaml", hostile)
     msg = load_error(d)
     assert "team-rule.yaml:2: invalid YAML" in msg
@@ -74,13 +88,22 @@ def test_python_object_tag_is_refused(tmp_path: Path) -> None:
 
 
 def test_cause_outside_taxonomy(tmp_path: Path) -> None:
-    d = write(tmp_path, "team-rule.yaml", GOOD.replace("cause: slow_checkpoint_save", "cause: cosmic_rays"))
+    d = write(
+        tmp_path,
+        "team-rule.yaml",
+        GOOD.replace("cause: slow_checkpoint_save", "cause: cosmic_rays"),
+    )
     msg = load_error(d)
-    assert "team-rule.yaml:3: cause 'cosmic_rays' is not in spec/causes.md (expected one of: slow_checkpoint_save" in msg
+    assert (
+        "team-rule.yaml:3: cause 'cosmic_rays' is not in spec/causes.md (expected one of: slow_checkpoint_save"
+        in msg
+    )
 
 
 def test_id_must_equal_file_name_and_all_problems_reported(tmp_path: Path) -> None:
-    bad = GOOD.replace("severity: high", "severity: severe").replace("cause: slow_checkpoint_save", "cause: nope")
+    bad = GOOD.replace("severity: high", "severity: severe").replace(
+        "cause: slow_checkpoint_save", "cause: nope"
+    )
     d = write(tmp_path, "other-name.yaml", bad)
     msg = load_error(d)
     assert "id 'team-rule' must equal the file name 'other-name'" in msg
@@ -97,7 +120,8 @@ def test_signal_regex_must_compile_under_re2(tmp_path: Path) -> None:
     d = tmp_path / "team"
     (d / "signals").mkdir(parents=True)
     (d / "signals" / "uploader.yaml").write_text(
-        "id: uploader\ndescription: x\npatterns:\n  - name: backref\n    regex: '(a)\\1'\n", encoding="utf-8"
+        "id: uploader\ndescription: x\npatterns:\n  - name: backref\n    regex: '(a)\\1'\n",
+        encoding="utf-8",
     )
     msg = load_error(d)
     assert "uploader.yaml:5: patterns[0]: regex does not compile under RE2" in msg
@@ -112,6 +136,8 @@ def test_team_rule_replaces_builtin_with_notice(tmp_path: Path) -> None:
 
 
 def test_unknown_event_names_known_ones(tmp_path: Path) -> None:
-    d = write(tmp_path, "team-rule.yaml", GOOD.replace("event: checkpoint_save", "event: checkpoint_saev"))
+    d = write(
+        tmp_path, "team-rule.yaml", GOOD.replace("event: checkpoint_save", "event: checkpoint_saev")
+    )
     msg = load_error(d)
     assert "unknown event or signal 'checkpoint_saev'" in msg and "checkpoint_save" in msg

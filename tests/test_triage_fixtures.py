@@ -15,11 +15,23 @@ RULESET = load_ruleset()
 
 CASES = {
     # (fixture, cause first, line of the key evidence, text the advice must contain)
-    "fsdp-mixtral-save-allgather-timeout.log": ("slow_checkpoint_save", 9, ["30 min", "ddp_timeout=3600", "model saved"]),
+    "fsdp-mixtral-save-allgather-timeout.log": (
+        "slow_checkpoint_save",
+        9,
+        ["30 min", "ddp_timeout=3600", "model saved"],
+    ),
     "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 5, ["30 min", "1, 2, 3"]),
-    "zero3-generate-inference-timeout.log": ("generate_zero3", 8, ["synced_gpus=True", "12 h", "939,524,096"]),
+    "zero3-generate-inference-timeout.log": (
+        "generate_zero3",
+        8,
+        ["synced_gpus=True", "12 h", "939,524,096"],
+    ),
     "lora-oom-hidden-by-timeout.log": ("oom_hidden", 10, ["rank 2", "rank 0 as the first to die"]),
-    "two-node-wrong-ifname.log": ("network_interface_misconfig", 7, ["NCCL_SOCKET_IFNAME", "ip -brief addr"]),
+    "two-node-wrong-ifname.log": (
+        "network_interface_misconfig",
+        7,
+        ["NCCL_SOCKET_IFNAME", "ip -brief addr"],
+    ),
 }
 
 

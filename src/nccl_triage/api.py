@@ -73,7 +73,11 @@ class Triage:
         everything = sorted([*events, *signals], key=lambda e: e.line)
         facts = compute_facts(everything)
         verdict = verdict_of(events)
-        correlation = correlate(everything, facts, self.ruleset.rules) if verdict != "clean" else Correlation()
+        correlation = (
+            correlate(everything, facts, self.ruleset.rules)
+            if verdict != "clean"
+            else Correlation()
+        )
         return Report(
             source=self.source,
             verdict=verdict,

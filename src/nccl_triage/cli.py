@@ -87,8 +87,16 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
 )
 @click.option("--only", multiple=True, metavar="ID", help="Evaluate only these rules.")
 @click.option("--disable", multiple=True, metavar="ID", help="Do not evaluate these rules.")
-@click.option("--explain", is_flag=True, help="Show which rules were considered and why each did or did not fire.")
-@click.option("--color/--no-color", default=None, help="Colour the text output (default: on a terminal, unless NO_COLOR is set).")
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Show which rules were considered and why each did or did not fire.",
+)
+@click.option(
+    "--color/--no-color",
+    default=None,
+    help="Colour the text output (default: on a terminal, unless NO_COLOR is set).",
+)
 def triage(
     logs: tuple[str, ...],
     fmt: str,
@@ -174,8 +182,7 @@ def _print_jsonl(result: ParseResult, out: TextIO) -> None:
 
 
 def _print_unparsed(result: ParseResult, out: TextIO) -> None:
-    for item in result.unparsed:
-        out.write(f"{result.source}:{item.line}: {item.text}\n")
+    out.writelines(f"{result.source}:{item.line}: {item.text}\n" for item in result.unparsed)
 
 
 _COLUMNS: tuple[tuple[str, str, Callable[[Event], Any]], ...] = (
@@ -198,9 +205,22 @@ def _summary(ev: Event) -> str:
     parts: list[str] = []
     if ev.form and ev.kind != Kind.WATCHDOG_TIMEOUT:
         parts.append(ev.form)
-    for key in ("exit_code", "signal", "nccl_code", "errstr", "last_error", "nccl_version",
-                "interfaces", "nranks", "from_rank", "reason", "message", "cuda_error",
-                "exception_type", "error"):
+    for key in (
+        "exit_code",
+        "signal",
+        "nccl_code",
+        "errstr",
+        "last_error",
+        "nccl_version",
+        "interfaces",
+        "nranks",
+        "from_rank",
+        "reason",
+        "message",
+        "cuda_error",
+        "exception_type",
+        "error",
+    ):
         value = d.get(key)
         if value is not None and value != "":
             parts.append(f"{key}={value}")
@@ -228,7 +248,9 @@ def _print_table(result: ParseResult, out: TextIO, many: bool) -> None:
     line = "  ".join(f"{name:{al}{w}}" for (name, al, _), w in zip(_COLUMNS, widths, strict=True))
     out.write(line.rstrip() + "\n")
     for row in rows:
-        cells = [f"{cell:{al}{w}}" for cell, (_, al, _), w in zip(row, _COLUMNS, widths, strict=True)]
+        cells = [
+            f"{cell:{al}{w}}" for cell, (_, al, _), w in zip(row, _COLUMNS, widths, strict=True)
+        ]
         out.write("  ".join(cells).rstrip() + "\n")
     timeouts = [e for e in result.events if e.kind == Kind.WATCHDOG_TIMEOUT]
     partial = sum(1 for e in result.events if e.partial)

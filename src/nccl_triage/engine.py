@@ -83,7 +83,9 @@ def _evaluate(
             return None, f"fact {_describe(cond)} does not hold (it is {facts.get(cond.field)!r})"
     triggers = [e for e in by_kind.get(rule.match.event, []) if _all_hold(rule.match.where, e)]
     if not triggers:
-        what = rule.match.event + (" matching " + _describe_all(rule.match.where) if rule.match.where else "")
+        what = rule.match.event + (
+            " matching " + _describe_all(rule.match.where) if rule.match.where else ""
+        )
         return None, f"no {what} event"
     last_reason = ""
     for trigger in triggers:

@@ -133,11 +133,12 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         by_seq[seq].extend((pg, e) for e in evs)
     for seq, members in sorted(by_seq.items()):
         # A watchdog line alone does not name its process group: it may be compared with any.
-        for pg in {pg for pg, _ in members if pg is not None} or {None}:
+        named: set[str | None] = {pg for pg, _ in members if pg is not None}
+        for pg in named or {None}:
             evs = [e for p, e in members if p is None or p == pg]
-            ops = {e.op_type for e in evs if e.op_type}
+            seq_ops = {e.op_type for e in evs if e.op_type is not None}
             numels = {e.numel_in for e in evs if e.numel_in is not None}
-            if len(ops) > 1 or len(numels) > 1:
+            if len(seq_ops) > 1 or len(numels) > 1:
                 facts.mismatched_collective = True
                 facts.mismatch.append(
                     {
@@ -165,4 +166,3 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         sig = first.detail.get("signal")
         facts.first_failure_signal = sig if isinstance(sig, str) else None
     return facts
-

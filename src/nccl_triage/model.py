@@ -14,7 +14,9 @@ from typing import Any
 class Kind(StrEnum):
     """Event kinds the grammar recognises (the ``kind`` field of an event)."""
 
-    WATCHDOG_TIMEOUT = "watchdog_timeout"  # a collective timed out on one rank (every era, every form)
+    WATCHDOG_TIMEOUT = (
+        "watchdog_timeout"  # a collective timed out on one rank (every era, every form)
+    )
     WATCHDOG_STATUS = "watchdog_status"  # "Timeout at NCCL work" & co.; merged into a timeout
     DESYNC_REPORT = "desync_report"  # TORCH_NCCL_DESYNC_DEBUG report lines
     FLIGHT_RECORDER = "flight_recorder"  # stack trace of the failed collective, dumps, analyzer

@@ -86,7 +86,7 @@ class Reader:
             if self._underlying is not None:
                 self._underlying.close()
 
-    def __enter__(self) -> Reader:
+    def __enter__(self) -> Reader:  # noqa: PYI034 - final class in practice
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -145,7 +145,7 @@ def _wrap_compressed(fh: io.BufferedReader, name: str, close_inner: bool) -> Rea
 
 def _decompressor(kind: str, fh: IO[bytes]) -> IO[bytes]:
     if kind == "gzip":
-        return gzip.GzipFile(fileobj=fh, mode="rb")
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
     if kind == "bz2":
         return bz2.BZ2File(fh, mode="rb")
     if kind == "xz":
@@ -178,9 +178,9 @@ def decode(raw: bytes) -> str:
 
 
 def segments(raw: bytes) -> list[str]:
-    """Split one physical line (without its ``\\n``) into the texts a terminal would redraw.
+    r"""Split one physical line (without its ``\n``) into the texts a terminal would redraw.
 
-    A trailing ``\\r`` (CRLF) is dropped; any other ``\\r`` starts a new segment, as a progress
+    A trailing ``\r`` (CRLF) is dropped; any other ``\r`` starts a new segment, as a progress
     bar redrawing itself does. Empty segments between carriage returns are dropped, but a line
     always yields at least one segment.
     """

@@ -118,14 +118,18 @@ def render_advice(finding: Finding, facts: JobFacts, template_dirs: Sequence[Pat
         template = env.get_template(name)
         text = template.render(**template_context(finding, facts))
     except jinja2.TemplateNotFound:
-        raise TemplateError(str(finding.rule.source), f"advice template '{name}' not found") from None
+        raise TemplateError(
+            str(finding.rule.source), f"advice template '{name}' not found"
+        ) from None
     except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"{exc.filename or name}:{exc.lineno}", f"template error: {exc.message}") from None
+        raise TemplateError(
+            f"{exc.filename or name}:{exc.lineno}", f"template error: {exc.message}"
+        ) from None
     except jinja2.exceptions.SecurityError as exc:
         raise TemplateError(name, f"template refused by the sandbox: {exc}") from None
     except jinja2.UndefinedError as exc:
         raise TemplateError(name, f"template uses an undefined value: {exc.message}") from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a contributed template may fail in any way
         raise TemplateError(name, f"template failed: {type(exc).__name__}: {exc}") from None
     return text.strip() + "\n"
 
@@ -200,7 +204,9 @@ def render_text(report: Report, template_dirs: Sequence[Path], color: bool = Fal
         for ev in _evidence_events(f):
             rank = "" if ev.rank is None else f" rank {ev.rank}"
             text = ev.text if len(ev.text) <= 220 else ev.text[:217] + "..."
-            lines.append(paint(f"   {report.source}:{ev.line}{rank}: ", _COLORS.get(sev, "0")) + text)
+            lines.append(
+                paint(f"   {report.source}:{ev.line}{rank}: ", _COLORS.get(sev, "0")) + text
+            )
         lines.append("")
         advice = render_advice(f, report.facts, template_dirs)
         lines.extend("   " + a if a else "" for a in advice.rstrip().splitlines())
@@ -220,7 +226,9 @@ def _summary_line(report: Report) -> str:
     if facts.world_size:
         parts.append(f"world size {facts.world_size}")
     if facts.first_failure_rank is not None:
-        parts.append(f"first to die: rank {facts.first_failure_rank} ({facts.first_failure_signal or facts.first_failure_exit_code})")
+        parts.append(
+            f"first to die: rank {facts.first_failure_rank} ({facts.first_failure_signal or facts.first_failure_exit_code})"
+        )
     return "   " + "; ".join(parts) if parts else ""
 
 
@@ -238,7 +246,9 @@ def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
     if summary:
         out += [summary, ""]
     for i, f in enumerate(report.findings, 1):
-        out.append(f"**{i}. {f.rule.title}** — cause `{f.rule.cause}`, confidence {f.confidence:.2f} (rule `{f.rule.id}`)")
+        out.append(
+            f"**{i}. {f.rule.title}** — cause `{f.rule.cause}`, confidence {f.confidence:.2f} (rule `{f.rule.id}`)"
+        )
         out.append("")
         out.append("```")
         for ev in _evidence_events(f):

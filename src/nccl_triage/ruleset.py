@@ -49,10 +49,30 @@ CAUSES = (
     "unknown",
 )
 RULE_KEYS = (
-    "id", "title", "cause", "severity", "confidence", "description", "owner", "match",
-    "context", "facts", "advice", "references", "examples",
+    "id",
+    "title",
+    "cause",
+    "severity",
+    "confidence",
+    "description",
+    "owner",
+    "match",
+    "context",
+    "facts",
+    "advice",
+    "references",
+    "examples",
 )
-REQUIRED_RULE_KEYS = ("id", "title", "cause", "severity", "match", "advice", "references", "examples")
+REQUIRED_RULE_KEYS = (
+    "id",
+    "title",
+    "cause",
+    "severity",
+    "match",
+    "advice",
+    "references",
+    "examples",
+)
 CLAUSE_KEYS = ("event", "where", "within", "direction", "present", "same_rank", "other_rank")
 MATCH_KEYS = ("event", "where")
 WITHIN_KEYS = ("lines", "seconds")
@@ -104,8 +124,8 @@ def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> _Seq:
     return out
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)  # type: ignore[arg-type]
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)  # type: ignore[arg-type]
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
 def load_yaml(path: Path) -> tuple[Any, list[str]]:
@@ -148,7 +168,9 @@ class Ruleset:
         import hashlib
 
         h = hashlib.sha256()
-        for loc in sorted({str(r.source.source) for r in self.rules} | {s.source.source for s in self.signals}):
+        for loc in sorted(
+            {str(r.source.source) for r in self.rules} | {s.source.source for s in self.signals}
+        ):
             h.update(Path(loc).read_bytes() if Path(loc).is_file() else loc.encode())
         for d in self.template_dirs:
             for p in sorted(d.glob("*.j2")):
@@ -181,8 +203,7 @@ def load_ruleset(
     """
     dirs: list[Path] = []
     if builtin:
-        rules_dir, templates_dir = builtin_dirs()
-        dirs.append(rules_dir)
+        dirs.append(builtin_dirs()[0])
     env = os.environ.get("NCCL_TRIAGE_RULES", "")
     dirs.extend(Path(p) for p in env.split(os.pathsep) if p)
     dirs.extend(Path(d) for d in extra_dirs)
@@ -223,16 +244,18 @@ def load_ruleset(
                 by_id[rule.id] = len(ruleset.rules)
                 ruleset.rules.append(rule)
     known = set(EVENT_KINDS) | set(signal_ids)
-    for rule in ruleset.rules:
-        for clause in (rule.match, *rule.context):
-            if clause.event not in known:
-                problems.append(
-                    f"{rule.source}: unknown event or signal '{clause.event}' "
-                    f"(expected one of: {', '.join(sorted(known))})"
-                )
+    problems.extend(
+        f"{rule.source}: unknown event or signal '{clause.event}' "
+        f"(expected one of: {', '.join(sorted(known))})"
+        for rule in ruleset.rules
+        for clause in (rule.match, *rule.context)
+        if clause.event not in known
+    )
     only_set, disable_set = set(only), set(disable)
-    for rid in sorted((only_set | disable_set) - set(by_id)):
-        problems.append(f"--only/--disable: no rule '{rid}' (known: {', '.join(sorted(by_id))})")
+    problems.extend(
+        f"--only/--disable: no rule '{rid}' (known: {', '.join(sorted(by_id))})"
+        for rid in sorted((only_set | disable_set) - set(by_id))
+    )
     if problems:
         raise RuleError("", "\n".join(problems))
     if only_set:
@@ -257,8 +280,10 @@ class _Checker:
     def keys(self, obj: _Map, allowed: tuple[str, ...], what: str) -> None:
         for key in obj:
             if key not in allowed:
-                self.add(obj.key_lines.get(key, obj.line),
-                         f"{what}unknown key '{key}' (expected: {', '.join(allowed)})")
+                self.add(
+                    obj.key_lines.get(key, obj.line),
+                    f"{what}unknown key '{key}' (expected: {', '.join(allowed)})",
+                )
 
     def line_of(self, obj: Any, key: str | None = None) -> int:
         if isinstance(obj, _Map):
@@ -311,18 +336,24 @@ def _load_signal(path: Path) -> tuple[Signal | None, list[str]]:
             continue
         err = compile_error(regex, ignore_case)
         if err:
-            check.add(check.line_of(item, "regex"), f"{what}regex does not compile under RE2: {err}")
+            check.add(
+                check.line_of(item, "regex"), f"{what}regex does not compile under RE2: {err}"
+            )
             continue
         anchors = item.get("anchors", ())
         if isinstance(anchors, str):
             anchors = (anchors,)
-        if not isinstance(anchors, list | tuple) or not all(isinstance(a, str) and a for a in anchors):
+        if not isinstance(anchors, list | tuple) or not all(
+            isinstance(a, str) and a for a in anchors
+        ):
             check.add(check.line_of(item, "anchors"), f"{what}'anchors' must be a list of strings")
             anchors = ()
         patterns.append(Pattern(str(item.get("name") or f"{sid}-{i}"), regex, tuple(anchors)))
     if check.problems or sid is None:
         return None, check.problems
-    return Signal(sid, description, tuple(patterns), ignore_case, Location(str(path), data.line)), []
+    return Signal(
+        sid, description, tuple(patterns), ignore_case, Location(str(path), data.line)
+    ), []
 
 
 def compile_error(regex: str, ignore_case: bool = False) -> str | None:
@@ -333,7 +364,7 @@ def compile_error(regex: str, ignore_case: bool = False) -> str | None:
         re2.compile(regex, options)
     except re2.error as exc:
         return str(exc) or "invalid pattern"
-    except Exception as exc:  # the binding raises plain errors for some inputs
+    except Exception as exc:  # noqa: BLE001 - the binding raises plain errors for some inputs
         return str(exc) or type(exc).__name__
     return None
 
@@ -356,16 +387,25 @@ def _load_rule(path: Path) -> tuple[Rule | None, list[str]]:
     title = check.string(data, "title", required=False) or ""
     cause = check.string(data, "cause", required=False)
     if cause is not None and cause not in CAUSES:
-        check.add(check.line_of(data, "cause"), f"cause '{cause}' is not in spec/causes.md (expected one of: {', '.join(CAUSES)})")
+        check.add(
+            check.line_of(data, "cause"),
+            f"cause '{cause}' is not in spec/causes.md (expected one of: {', '.join(CAUSES)})",
+        )
     sev_raw = data.get("severity", "medium")
     try:
         severity = Severity(sev_raw)
     except ValueError:
-        check.add(check.line_of(data, "severity"),
-                  f"severity '{sev_raw}' (expected one of: {', '.join(s.value for s in Severity)})")
+        check.add(
+            check.line_of(data, "severity"),
+            f"severity '{sev_raw}' (expected one of: {', '.join(s.value for s in Severity)})",
+        )
         severity = Severity.MEDIUM
     confidence = data.get("confidence", 0.5)
-    if not isinstance(confidence, int | float) or isinstance(confidence, bool) or not 0 <= confidence <= 1:
+    if (
+        not isinstance(confidence, int | float)
+        or isinstance(confidence, bool)
+        or not 0 <= confidence <= 1
+    ):
         check.add(check.line_of(data, "confidence"), "confidence must be a number from 0 to 1")
         confidence = 0.5
     description = data.get("description") or ""
@@ -414,7 +454,9 @@ def _load_rule(path: Path) -> tuple[Rule | None, list[str]]:
     )
 
 
-def _clause(check: _Checker, obj: Any, what: str, allowed: tuple[str, ...], line: int) -> Clause | None:
+def _clause(
+    check: _Checker, obj: Any, what: str, allowed: tuple[str, ...], line: int
+) -> Clause | None:
     if not isinstance(obj, _Map):
         check.add(line, f"{what}must be a mapping with an 'event' key")
         return None
@@ -425,15 +467,19 @@ def _clause(check: _Checker, obj: Any, what: str, allowed: tuple[str, ...], line
     within = obj.get("within")
     if within is not None:
         if not isinstance(within, _Map):
-            check.add(check.line_of(obj, "within"), f"{what}'within' must be a mapping (lines, seconds)")
+            check.add(
+                check.line_of(obj, "within"), f"{what}'within' must be a mapping (lines, seconds)"
+            )
         else:
             check.keys(within, WITHIN_KEYS, f"{what}within: ")
             lines = _number(check, within, "lines", what, int)
             seconds = _number(check, within, "seconds", what, float)
     direction = obj.get("direction", "before")
     if direction not in DIRECTIONS:
-        check.add(check.line_of(obj, "direction"),
-                  f"{what}direction '{direction}' (expected one of: {', '.join(DIRECTIONS)})")
+        check.add(
+            check.line_of(obj, "direction"),
+            f"{what}direction '{direction}' (expected one of: {', '.join(DIRECTIONS)})",
+        )
     flags = {}
     for key in ("present", "same_rank", "other_rank"):
         value = obj.get(key, key == "present")
@@ -443,8 +489,16 @@ def _clause(check: _Checker, obj: Any, what: str, allowed: tuple[str, ...], line
         flags[key] = value
     if event is None:
         return None
-    return Clause(event, tuple(where), lines, seconds, str(direction), flags["present"],
-                  flags["same_rank"], flags["other_rank"])
+    return Clause(
+        event,
+        tuple(where),
+        lines,
+        seconds,
+        str(direction),
+        flags["present"],
+        flags["same_rank"],
+        flags["other_rank"],
+    )
 
 
 def _number(check: _Checker, obj: _Map, key: str, what: str, kind: type) -> Any:
@@ -469,8 +523,10 @@ def _conditions(check: _Checker, obj: Any, what: str, line: int) -> list[Conditi
         if isinstance(spec, _Map):
             for op, value in spec.items():
                 if op not in OPERATORS:
-                    check.add(spec.key_lines.get(op, fline),
-                              f"{what}{fname}: unknown operator '{op}' (expected: {', '.join(OPERATORS)})")
+                    check.add(
+                        spec.key_lines.get(op, fline),
+                        f"{what}{fname}: unknown operator '{op}' (expected: {', '.join(OPERATORS)})",
+                    )
                     continue
                 if op == "matches":
                     if not isinstance(value, str):
@@ -480,7 +536,9 @@ def _conditions(check: _Checker, obj: Any, what: str, line: int) -> list[Conditi
                     if err:
                         check.add(fline, f"{what}{fname}: regex does not compile under RE2: {err}")
                         continue
-                if op in ("gt", "ge", "lt", "le") and (isinstance(value, bool) or not isinstance(value, int | float)):
+                if op in ("gt", "ge", "lt", "le") and (
+                    isinstance(value, bool) or not isinstance(value, int | float)
+                ):
                     check.add(fline, f"{what}{fname}: '{op}' takes a number")
                     continue
                 out.append(Condition(str(fname), str(op), _plain(value)))
@@ -515,7 +573,10 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
         name = check.string(item, "name", what) or f"example-{i}"
         expect = item.get("expect")
         if expect not in EXPECTS:
-            check.add(check.line_of(item, "expect"), f"{what}expect '{expect}' (expected one of: {', '.join(EXPECTS)})")
+            check.add(
+                check.line_of(item, "expect"),
+                f"{what}expect '{expect}' (expected one of: {', '.join(EXPECTS)})",
+            )
             continue
         log, file = item.get("log"), item.get("file")
         if (log is None) == (file is None):
@@ -527,8 +588,15 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
                 check.add(check.line_of(item, "file"), f"{what}file '{file}' not found")
                 continue
             file = str(resolved)
-        out.append(Example(name, str(expect), log if log is None else str(log), file,
-                           Location(str(path), item.line)))
+        out.append(
+            Example(
+                name,
+                str(expect),
+                log if log is None else str(log),
+                file,
+                Location(str(path), item.line),
+            )
+        )
     matches = [e for e in out if e.expect == "match"]
     if not any(e.expect == "no-match" for e in out) or not matches:
         check.add(line, "examples need at least one 'match' and one 'no-match' example")

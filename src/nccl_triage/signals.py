@@ -72,7 +72,10 @@ class SignalClassifier:
             seen.add(pat.signal_id)
             key = (pat.signal_id, line.rank, pat.name)
             run = self._open.get(key)
-            if run is not None and line.lineno - int(run.detail.get("last_line") or run.line) <= RUN_GAP_LINES:
+            if (
+                run is not None
+                and line.lineno - int(run.detail.get("last_line") or run.line) <= RUN_GAP_LINES
+            ):
                 run.detail["last_line"] = line.lineno
                 run.detail["count"] = int(run.detail.get("count") or 1) + 1
                 if line.time is not None:
@@ -81,9 +84,7 @@ class SignalClassifier:
                         run.detail["duration_s"] = round(line.ts - run.ts)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
-            for name, value in m.groupdict().items():
-                if value is not None:
-                    detail[name] = value
+            detail.update({k: v for k, v in m.groupdict().items() if v is not None})
             ev = Event(
                 kind=pat.signal_id,
                 source=line.source,
