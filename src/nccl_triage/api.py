@@ -68,27 +68,55 @@ class Triage:
 
     def report(self) -> Report:
         """Correlate what was fed so far into a report."""
-        events = self._parser.dedupe.events()
-        signals = list(self._signals.events)
-        everything = sorted([*events, *signals], key=lambda e: e.line)
-        facts = compute_facts(everything)
-        verdict = verdict_of(events)
-        correlation = (
-            correlate(everything, facts, self.ruleset.rules)
-            if verdict != "clean"
-            else Correlation()
+        return build_report(
+            self.source,
+            self.ruleset,
+            self._parser.dedupe.events(),
+            list(self._signals.events),
+            self.lines,
+            self._parser.unparsed,
         )
-        return Report(
-            source=self.source,
-            verdict=verdict,
-            findings=correlation.findings,
-            events=events,
-            signals=signals,
-            facts=facts,
-            lines=self.lines,
-            unparsed=self._parser.unparsed,
-            correlation=correlation,
-        )
+
+    def prune_signals(self, before_line: int) -> int:
+        """Forget signal events that ended before ``before_line``; return how many.
+
+        Live triage calls this so memory stays bounded however long a job runs: no rule looks
+        further back than its window.
+        """
+        events = self._signals.events
+        keep = [e for e in events if int(e.detail.get("last_line") or e.line) >= before_line]
+        dropped = len(events) - len(keep)
+        events[:] = keep
+        self._signals.forget_before(before_line)
+        return dropped
+
+
+def build_report(
+    source: str,
+    ruleset: Ruleset,
+    events: list[Event],
+    signals: list[Event],
+    lines: int,
+    unparsed: list[Unparsed],
+) -> Report:
+    """Compute facts, verdict and findings from parsed events and signal events."""
+    everything = sorted([*events, *signals], key=lambda e: (e.source, e.line))
+    facts = compute_facts(everything)
+    verdict = verdict_of(events)
+    correlation = Correlation()
+    if verdict != "clean":
+        correlation = correlate(everything, facts, ruleset.rules)
+    return Report(
+        source=source,
+        verdict=verdict,
+        findings=correlation.findings,
+        events=events,
+        signals=signals,
+        facts=facts,
+        lines=lines,
+        unparsed=unparsed,
+        correlation=correlation,
+    )
 
 
 def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
@@ -107,6 +135,34 @@ def triage_path(path: str, ruleset: Ruleset, stdin: IO[bytes] | None = None) -> 
             state.feed(cand)
     state.lines = stats.get("lines", 0)
     return state.report()
+
+
+def triage_job(paths: list[str], ruleset: Ruleset, name: str | None = None) -> Report:
+    """Triage several files of one job (per-rank logs) as one input, so facts span ranks.
+
+    Line numbers stay per file (every event keeps its ``source``); context windows in lines
+    apply within a file, and across files the seconds window applies when both lines carry a
+    time (see :mod:`nccl_triage.engine`).
+
+    Raises:
+        InputError: one of the files cannot be read.
+    """
+    from nccl_triage.parse import Deduper
+
+    dedupe = Deduper()
+    signals: list[Event] = []
+    unparsed: list[Unparsed] = []
+    lines = 0
+    parse_only = Ruleset(rules=[], signals=ruleset.signals)
+    for path in paths:
+        part = triage_path(path, parse_only)
+        for ev in part.events:
+            dedupe.add(ev)
+        signals.extend(part.signals)
+        unparsed.extend(part.unparsed)
+        lines += part.lines
+    source = name or (paths[0] if len(paths) == 1 else f"{len(paths)} files")
+    return build_report(source, ruleset, dedupe.events(), signals, lines, unparsed)
 
 
 def triage_text(text: str, ruleset: Ruleset, source: str = "<text>") -> Report:

@@ -7,6 +7,8 @@ imports click; it chains the library's stages and formats what they return.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -26,7 +28,37 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Commands that live in their own modules, imported only when used (so that piping into
+# ``watch`` never pays for pandas, and ``--help`` stays fast).
+_LAZY_COMMANDS = {
+    "watch": "nccl_triage.cli_live:watch",
+    "run": "nccl_triage.cli_live:run",
+    "batch": "nccl_triage.cli_batch:batch",
+    "rules": "nccl_triage.cli_rules:rules",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = set(super().list_commands(ctx))
+        names.update(n for n, target in _LAZY_COMMANDS.items() if _module_exists(target))
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        target = _LAZY_COMMANDS.get(cmd_name)
+        if cmd is not None or target is None or not _module_exists(target):
+            return cmd
+        module_name, attr = target.split(":")
+        loaded = getattr(importlib.import_module(module_name), attr)
+        return loaded if isinstance(loaded, click.Command) else None
+
+
+def _module_exists(target: str) -> bool:
+    return importlib.util.find_spec(target.split(":")[0]) is not None
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nccl-triage")
 def main() -> None:
     """Find why a PyTorch distributed job died with an NCCL watchdog timeout."""

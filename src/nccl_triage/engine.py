@@ -119,24 +119,47 @@ def _evaluate(
 def _in_context(c: Event, trigger: Event, clause: Clause) -> bool:
     if c is trigger:
         return False
-    delta = c.line - trigger.line
-    if clause.direction == "before" and delta > 0:
-        return False
-    if clause.direction == "after" and delta < 0:
-        return False
-    if clause.lines is not None and abs(delta) > clause.lines:
-        return False
-    if clause.seconds is not None and c.ts is not None and trigger.ts is not None:
-        gap = trigger.ts - c.ts
-        if clause.direction == "before" and gap < -clause.seconds:
+    if c.source == trigger.source:
+        delta = c.line - trigger.line
+        if clause.direction == "before" and delta > 0:
             return False
-        if abs(gap) > clause.seconds and not (clause.direction == "before" and gap < 0):
+        if clause.direction == "after" and delta < 0:
             return False
+        if clause.lines is not None and abs(delta) > clause.lines:
+            return False
+    elif not _ordered_in_time(c, trigger, clause):
+        # Another file of the same job (another rank's log): line numbers are not
+        # comparable; only the times say which came first.
+        return False
+    return (
+        _in_seconds(c, trigger, clause)
+        and _rank_ok(c, trigger, clause)
+        and _all_hold(clause.where, c)
+    )
+
+
+def _ordered_in_time(c: Event, trigger: Event, clause: Clause) -> bool:
+    if c.ts is None or trigger.ts is None:
+        return True
+    if clause.direction == "before":
+        return c.ts <= trigger.ts
+    if clause.direction == "after":
+        return c.ts >= trigger.ts
+    return True
+
+
+def _in_seconds(c: Event, trigger: Event, clause: Clause) -> bool:
+    if clause.seconds is None or c.ts is None or trigger.ts is None:
+        return True
+    return abs(trigger.ts - c.ts) <= clause.seconds
+
+
+def _rank_ok(c: Event, trigger: Event, clause: Clause) -> bool:
     if clause.same_rank and (c.rank is None or trigger.rank is None or c.rank != trigger.rank):
         return False
-    if clause.other_rank and (c.rank is None or trigger.rank is None or c.rank == trigger.rank):
-        return False
-    return _all_hold(clause.where, c)
+    return not (
+        clause.other_rank and (c.rank is None or trigger.rank is None or c.rank == trigger.rank)
+    )
 
 
 def _all_hold(conditions: Iterable[Condition], ev: Event) -> bool:

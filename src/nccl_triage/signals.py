@@ -58,6 +58,12 @@ class SignalClassifier:
         self._open: dict[tuple[str, int | None, str], Event] = {}
         self.events: list[Event] = []
 
+    def forget_before(self, before_line: int) -> None:
+        """Close the runs that ended before ``before_line`` (they can no longer be extended)."""
+        for key, ev in list(self._open.items()):
+            if int(ev.detail.get("last_line") or ev.line) < before_line:
+                del self._open[key]
+
     def feed(self, line: Line) -> list[Event]:
         """Classify one line; return the signal events it started (not those it extended)."""
         started: list[Event] = []
