@@ -20,7 +20,7 @@ CASES = {
         9,
         ["30 min", "ddp_timeout=3600", "model saved"],
     ),
-    "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 5, ["30 min", "1, 2, 3"]),
+    "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 4, ["30 min", "1, 2, 3"]),
     "zero3-generate-inference-timeout.log": (
         "generate_zero3",
         8,

@@ -100,7 +100,7 @@ def _evaluate(
                 failed = f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"
                 break
             if clause.present:
-                evidence.append(min(hits, key=lambda c: abs(c.line - trigger.line)))
+                evidence.append(_episode_start(hits, trigger, clause))
         if failed:
             last_reason = failed
             continue
@@ -114,6 +114,25 @@ def _evaluate(
         finding = Finding(rule, trigger, evidence, round(max(confidence, 0.0), 2), specificity)
         return finding, f"fired on line {trigger.line}"
     return None, last_reason
+
+
+EPISODE_GAP_LINES = 500  # context lines closer than this to each other are one episode
+
+
+def _episode_start(hits: list[Event], trigger: Event, clause: Clause) -> Event:
+    """The context event to quote: the nearest one, or for ``before`` clauses the start of
+    the episode it belongs to (the first line of a save that printed several), since how long
+    before the timeout it began is what the advice needs."""
+    same = sorted((c for c in hits if c.source == trigger.source), key=lambda c: c.line)
+    nearest = min(
+        hits, key=lambda c: abs(c.line - trigger.line) if c.source == trigger.source else 1 << 60
+    )
+    if clause.direction != "before" or nearest not in same:
+        return nearest
+    i = same.index(nearest)
+    while i > 0 and same[i].line - same[i - 1].line <= EPISODE_GAP_LINES:
+        i -= 1
+    return same[i]
 
 
 def _in_context(c: Event, trigger: Event, clause: Clause) -> bool:

@@ -37,6 +37,7 @@ class JobFacts:
     max_seq: int | None = None
     seq_spread: int = 0  # max - min SeqNum over the timed-out works of one process group
     last_completed: dict[int, int] = field(default_factory=dict)
+    last_seq: dict[int, int] = field(default_factory=dict)  # per rank: the SeqNum it timed out in
     furthest_behind: list[int] = field(default_factory=list)
     mismatched_collective: bool = False
     mismatch: list[dict[str, Any]] = field(default_factory=list)
@@ -55,6 +56,7 @@ class JobFacts:
         """Return the facts as plain data (for templates, JSON and rule conditions)."""
         out = asdict(self)
         out["last_completed"] = {str(k): v for k, v in self.last_completed.items()}
+        out["last_seq"] = {str(k): v for k, v in self.last_seq.items()}
         return out
 
 
@@ -75,9 +77,9 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         if ev.rank is not None:
             seen.add(ev.rank)
         d = ev.detail
-        n = d.get("nranks")
+        n = d.get("nranks") if ev.kind == Kind.NCCL_INFO else d.get("expected")
         if isinstance(n, int):
-            nranks.append(n)
+            nranks.append(n)  # NCCL's INIT line, or the store's "k/n clients joined"
         v = d.get("nccl_version")
         if isinstance(v, str):
             versions.add(v.split("+")[0])
@@ -100,6 +102,8 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
                     facts.max_numel = max(facts.max_numel or 0, numel)
             if ev.rank is not None and ev.last_completed is not None:
                 facts.last_completed[ev.rank] = ev.last_completed
+            if ev.rank is not None and ev.seq is not None:
+                facts.last_seq[ev.rank] = max(ev.seq, facts.last_seq.get(ev.rank, ev.seq))
         elif ev.kind == Kind.CHILD_FAILED and ev.form == "root_cause":
             child_root = child_root or ev
         elif ev.kind == Kind.WORKER_FAILED and d.get("exit_code") is not None:

@@ -54,6 +54,12 @@ def human_bytes(value: Any) -> str:
     return f"{n:.1f} TiB"
 
 
+def round_up(value: Any, step: int = 600) -> int:
+    """Round a number of seconds up to a multiple of ``step`` (ten minutes by default)."""
+    n = int(float(value))
+    return max(step, -(-n // step) * step)
+
+
 def human_number(value: Any) -> str:
     """``1245708288`` -> ``1,245,708,288``."""
     return "?" if value is None else f"{int(value):,}"
@@ -69,7 +75,9 @@ def _environment(dirs: tuple[Path, ...]) -> SandboxedEnvironment:
         lstrip_blocks=True,
         keep_trailing_newline=False,
     )
-    env.filters.update(ms=human_ms, seconds=human_seconds, bytes=human_bytes, num=human_number)
+    env.filters.update(
+        ms=human_ms, seconds=human_seconds, bytes=human_bytes, num=human_number, round_up=round_up
+    )
     return env
 
 
