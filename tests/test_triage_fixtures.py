@@ -17,8 +17,8 @@ CASES = {
     # (fixture, cause first, line of the key evidence, text the advice must contain)
     "fsdp-mixtral-save-allgather-timeout.log": (
         "slow_checkpoint_save",
-        9,
-        ["30 min", "ddp_timeout=3600", "model saved"],
+        7,
+        ["30 min", "--ddp_timeout 3600", "local rank 0", "1.8 GiB"],
     ),
     "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 4, ["30 min", "1, 2, 3"]),
     "zero3-generate-inference-timeout.log": (

@@ -120,9 +120,12 @@ EPISODE_GAP_LINES = 500  # context lines closer than this to each other are one 
 
 
 def _episode_start(hits: list[Event], trigger: Event, clause: Clause) -> Event:
-    """The context event to quote: the nearest one, or for ``before`` clauses the start of
-    the episode it belongs to (the first line of a save that printed several), since how long
-    before the timeout it began is what the advice needs."""
+    """Pick the context event to quote.
+
+    The nearest one, or for ``before`` clauses the start of the episode it belongs to (the
+    first line of a save that printed several): how long before the timeout it began is what
+    the advice needs.
+    """
     same = sorted((c for c in hits if c.source == trigger.source), key=lambda c: c.line)
     nearest = min(
         hits, key=lambda c: abs(c.line - trigger.line) if c.source == trigger.source else 1 << 60
