@@ -57,6 +57,7 @@ _EMBEDDED = re.compile(
     r"|\[[FEWIV](?:\d{3,4} \d\d:\d\d:\d\d\.\d+)? [\w.+-]+:\d+\] "
     r"|(?<![\w.])[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w./+-]+:\d+\] "
 )
+_PID_MAX = 1 << 22  # Linux PID_MAX_LIMIT
 _RANK_HINT = re.compile(r"\brank[=_: ]?(\d+)\b", re.IGNORECASE)
 _JSON_KEYS = ("log", "message", "msg", "MESSAGE", "textPayload")
 _MAX_LAYERS = 12
@@ -92,7 +93,7 @@ def peel(line: Line) -> Line:
             continue
         m = _ISO.match(rest)
         if m:
-            _set_time(line, m.group(0).strip(), "iso", int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
+            _set_time(line, m.group(0).strip().strip("[]"), "iso", int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
             prefixes.append(Prefix("timestamp", m.group(0)))
             pos += m.end()
             continue
@@ -137,7 +138,9 @@ def peel(line: Line) -> Line:
             md = int(m[2])
             stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
             _set_time(line, stamp, "glog", md // 100, md % 100, m[3], m[4], m[5], m[6])
-            if line.pid is None:
+            if line.pid is None and m[8].endswith(".py") and int(m[7]) <= _PID_MAX:
+                # torchrun 2.6+ writes its process id here; 2.3-2.5 a thread id (a pthread
+                # address, far above any pid), and glog-built C++ a thread id (reference §1c).
                 line.pid = int(m[7])
             prefixes.append(Prefix("header", m.group(0)))
             pos += m.end()

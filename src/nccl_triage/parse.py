@@ -15,10 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, cast
+from typing import Any
 
-from lark import Lark, Token, Transformer, Tree
-from lark.exceptions import LarkError
+from lark import Lark, Token, Transformer
+from lark.exceptions import LarkError, VisitError
 
 from nccl_triage.anatomy import peel
 from nccl_triage.model import Event, Kind, Line, Occurrence
@@ -50,6 +50,16 @@ _COUNTERS = re.compile(
     r"[Ll]ast\s*enqueued\s*(?:NCCL\s*)?work:\s*(-?\d+),\s*last\s*completed\s*(?:NCCL\s*)?work:\s*(-?\d+)"
 )
 _SIGNAL = re.compile(r"Signal\s+(\d+)\s+\((SIG\w+)\)")
+_ERROR_TRACE = re.compile(r"(?:([\w./+-]+:\d+)\s*)?->\s*(\d+)\b")
+_NCCL_RESULTS = {  # ncclResult_t, the number at the end of an error trace
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
+}
 _WORK_KEYS = {
     "SeqNum": "seq",
     "OpType": "op_type",
@@ -68,6 +78,10 @@ _INFO_PATTERNS = (  # what an NCCL INFO line can tell (nranks, version, interfac
 
 def _era(lo: str, hi: str) -> tuple[str, str]:
     return (lo, hi)
+
+
+class _NotAMessage(Exception):
+    """Raised by the transformer when a parse tree turns out not to be a log message."""
 
 
 class _ToFields(Transformer[Token, Fields]):
@@ -174,6 +188,12 @@ class _ToFields(Transformer[Token, Fields]):
                 out.update(item)
             elif isinstance(item, str):
                 tail = item
+        if tail and not any(isinstance(item, dict) for item in items):
+            # "timeout: {work}" in a print() or prose. A line cut at the colon has no tail; one
+            # cut inside the descriptor ("timeout: WorkN") is incomplete, and may be joined.
+            if not (tail.startswith("WorkNCCL") or "WorkNCCL(".startswith(tail)):
+                raise _NotAMessage(tail)
+            out["_incomplete"] = True
         if "ran_for_ms" not in out and form in ("watchdog", "caught"):
             out["_incomplete"] = True
         if "timeout_ms" not in out:
@@ -412,9 +432,12 @@ class _ToFields(Transformer[Token, Fields]):
 
     def fr_not_joining(self, items: list[Any]) -> Fields:
         tail = items[0] if items else ""
-        m = re.search(r"(?:sequence number:|collective)\s*(\d+)", tail)
-        return {"kind": Kind.FLIGHT_RECORDER, "form": "not_all_joining",
-                "seq": int(m[1]) if m else None}
+        m = re.match(r",?\s*(?:sequence\s*number\s*:\s*)?(\d+)(?:\s*at\s*entry\s*(\d+))?", tail)
+        out: Fields = {"kind": Kind.FLIGHT_RECORDER, "form": "not_all_joining",
+                       "seq": int(m[1]) if m else None}
+        if m and m[2]:
+            out["record_id"] = int(m[2])
+        return out
 
     # --- F5
     def _nccl_error(self, items: list[Any], form: str) -> Fields:
@@ -472,8 +495,12 @@ class _ToFields(Transformer[Token, Fields]):
                         out[name] = int(value) if value.isdigit() else value
                     break
             else:
-                if src is not None and re.match(r"->\s*\d+", message):
+                # "NCCL INFO init.cc:82 -> 3": an error return traced back up NCCL's call stack
+                m = _ERROR_TRACE.match(message)
+                if m:
                     out["form"] = "error_trace"
+                    out["source_location"] = src or m[1]
+                    out["nccl_code"] = _NCCL_RESULTS.get(int(m[2]), f"ncclResult {m[2]}")
         return out
 
     def nccl_version(self, items: list[Token]) -> Fields:
@@ -488,11 +515,16 @@ class _ToFields(Transformer[Token, Fields]):
 
     def mismatch(self, items: list[Any]) -> Fields:
         tail = items[0] if items else ""
-        fps = re.findall(r"Rank\s*(\d+)\s*is\s*running\s*collective:\s*CollectiveFingerPrint\(([^)]*)\)", tail)
         out: Fields = {"kind": Kind.COLLECTIVE_MISMATCH}
-        for i, (rank, fingerprint) in enumerate(fps[:2]):
-            out[f"rank_{'ab'[i]}"] = int(rank)
+        for i, m in enumerate(_FINGERPRINT.finditer(tail)):
+            if i == 2:
+                break
+            fingerprint = _balanced(tail, m.end())
+            out[f"rank_{'ab'[i]}"] = int(m[1])
             out[f"fingerprint_{'ab'[i]}"] = fingerprint
+            op = re.search(r"OpType\s*=\s*(_?[A-Z][A-Z_]*)", fingerprint)
+            if op:
+                out[f"op_type_{'ab'[i]}"] = op[1]
         return out
 
     # --- F6
@@ -501,6 +533,9 @@ class _ToFields(Transformer[Token, Fields]):
         code = int(ints[0])
         out: Fields = {"kind": Kind.WORKER_FAILED, "exit_code": code, "local_rank": int(ints[1]),
                        "pid": int(ints[2]), "entrypoint": items[-1]}
+        m = _START_METHOD.fullmatch(items[-1])
+        if m:  # function mode: "of fn: <qualname> (start_method: <spawn|fork>)"
+            out["entrypoint"], out["start_method"] = m[1], m[2]
         if code < 0:
             out["signal"] = _signame(-code)
         return out
@@ -525,6 +560,10 @@ class _ToFields(Transformer[Token, Fields]):
         return {"kind": Kind.WORKER_FAILED, "form": "no_error_file", "local_rank": int(items[0])}
 
     def child_failed_header(self, items: list[Any]) -> Fields:
+        if len(items) > 1 and not str(items[0]).rstrip().endswith(":"):
+            # "import ChildFailedError, record", "raise ChildFailedError(": code, not the
+            # traceback's last line ("...errors.ChildFailedError: ")
+            raise _NotAMessage(str(items[1]))
         return {"kind": Kind.CHILD_FAILED, "form": "header"}
 
     def root_cause(self, items: list[Any]) -> Fields:
@@ -566,13 +605,25 @@ class _ToFields(Transformer[Token, Fields]):
                 "joined": int(items[1]), "expected": int(items[2])}
 
     def store_barrier(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.STORE_TIMEOUT, "form": "store_based_barrier", "message": items[-1]}
+        out: Fields = {"kind": Kind.STORE_TIMEOUT, "form": "store_based_barrier", "message": items[-1]}
+        m = re.match(r"on\s*rank\s*:\s*(\d+)", items[-1])
+        if m:
+            out["rank"] = int(m[1])
+        return out
 
     def client_timeout(self, items: list[Any]) -> Fields:
-        out: Fields = {"kind": Kind.STORE_TIMEOUT, "form": "client_connect", "message": items[-1]}
-        m = re.search(r"\(([^,()]+),\s*(\d+)\)|host\s+(\S+?):(\d+)", items[-1])
+        tail = items[-1]
+        out: Fields = {"kind": Kind.STORE_TIMEOUT, "form": "client_connect", "message": tail}
+        m = re.search(r"\(([^,()=]+),\s*(\d+)\)|^\s*(\S+?):(\d+)\b", tail)
         if m:
             out["peer"] = f"{m[1] or m[3]}:{m[2] or m[4]}"
+        ints = [str(i) for i in items if isinstance(i, Token) and i.type in ("INT", "TIME_UNIT")]
+        amount = (ints[0], ints[1]) if len(ints) == 2 else None
+        t = re.search(r"(?:after\s*|timeout=)(\d+)\s*(ms|s)\b", tail)
+        if amount is None and t:
+            amount = (t[1], t[2])
+        if amount:
+            out["timeout_ms"] = int(amount[0]) * (1 if amount[1] == "ms" else 1000)
         return out
 
     def unique_id(self, items: list[Any]) -> Fields:
@@ -583,19 +634,30 @@ class _ToFields(Transformer[Token, Fields]):
                 "error": (m[1].strip() or None) if m else None}
 
     def store_wait(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.STORE_TIMEOUT, "form": "store_wait", "message": items[-1]}
+        out: Fields = {"kind": Kind.STORE_TIMEOUT, "form": "store_wait", "message": items[-1]}
+        if isinstance(items[0], Token) and items[0].type == "INT":  # "wait timeout after Nms"
+            out["timeout_ms"] = int(items[0])
+        return out
 
     def socket_timeout(self, items: list[Any]) -> Fields:
         return {"kind": Kind.STORE_TIMEOUT, "form": "socket_timeout"}
 
     def connect_failed(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.SOCKET_ERROR, "form": "connect_failed", "message": items[-1]}
+        out: Fields = {"kind": Kind.SOCKET_ERROR, "form": "connect_failed", "message": items[-1]}
+        # "[::ffff:10.0.0.5]:40323 (errno: ...)" or "any network address of (host, port)."
+        m = re.match(r"(\[[^\]]*\]:\d+)|.*?\(([^,()]+),\s*(\d+)\)", items[-1])
+        if m:
+            out["peer"] = m[1] or f"{m[2]}:{m[3]}"
+        return out
 
     def listen_failed(self, items: list[Any]) -> Fields:
         return {"kind": Kind.SOCKET_ERROR, "form": "listen_failed", "message": items[-1]}
 
     def recv_failed(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.SOCKET_ERROR, "form": "recv_failed"}
+        tail = items[-1] if items and isinstance(items[-1], str) else ""
+        m = re.search(r"\)\s*:\s*(.+)$", tail)
+        return {"kind": Kind.SOCKET_ERROR, "form": "recv_failed",
+                "error": m[1].strip() if m else None}
 
     def rendezvous(self, items: list[Any]) -> Fields:
         name = str(items[0]).rstrip(": ").rsplit(".", 1)[-1]
@@ -631,6 +693,23 @@ class _ToFields(Transformer[Token, Fields]):
 def _looks_cut(text: str) -> bool:
     """Tell whether a free-text tail looks cut by a line wrap (short, or an open bracket)."""
     return len(text) < 16 or text.count("[") > text.count("]") or text.count("(") > text.count(")")
+
+
+_START_METHOD = re.compile(r"(.+?)\s*\(\s*start_method\s*:\s*(\w+)\s*\)")
+_FINGERPRINT = re.compile(r"Rank\s*(\d+)\s*is\s*running\s*collective:\s*CollectiveFingerPrint\(")
+
+
+def _balanced(text: str, start: int) -> str:
+    """Return the text from ``start`` up to the parenthesis closing the one just before it."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return text[start:]  # cut: what there is
 
 
 def _ranks(token: Any) -> list[int]:
@@ -673,7 +752,7 @@ _PRELUDE_TAIL = re.compile(
 )
 _REPEATED = re.compile(r"\s*\[repeated (\d+)x across cluster\]\s*$")
 _DAMAGE = re.compile(r"[ \t]{3,}")  # terminal copies insert runs of spaces inside words
-_RETYPED = re.compile(r"WorkNCCL\(\s*(?:\.\.\.|…)\s*\)|\d\+\s*milli|[=:]\s*(?:\.\.\.|…|<\w+>|N)\b")
+_RETYPED = re.compile(r"WorkNCCL\(\s*(?:\.\.\.|…)\s*\)|\d\+\s*milli|[=:]\s*(?:\.\.\.|…|<\w+>|N\b)")
 
 
 def normalize(message: str) -> str:
@@ -715,7 +794,12 @@ def _parse(text: str) -> Fields | None:
         tree = parser().parse(text)
     except LarkError:
         return None
-    return cast(Fields, _transformer().transform(cast(Tree[Token], tree)))
+    try:
+        return _transformer().transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, _NotAMessage):
+            return None
+        raise
 
 
 # Damaged timeout messages: the fields that survive, read one by one.
@@ -738,24 +822,47 @@ _SALVAGE_FIELDS = (
 )
 
 
-def salvage(message: str) -> Fields | None:
-    """Read what survives of a damaged timeout message (cut, glued, garbled), or None."""
+def salvage(message: str, prefixed: bool = False) -> Fields | None:
+    """Read what survives of a damaged timeout message (cut, glued, garbled), or None.
+
+    ``prefixed`` tells that the line carried PyTorch's own prefixes (a c10/glog header, a
+    ``[rankN]:``), which makes a line cut inside the opening phrase believable.
+    """
     text = normalize(message)
     head = _SALVAGE_HEAD.search(text)
     if head is None or _RETYPED.search(text):
         return None
     out: Fields = {"kind": Kind.WATCHDOG_TIMEOUT, "form": "damaged", "_incomplete": True}
     pre = _PRELUDE_TAIL.search(text, 0, head.start())
-    if pre:
-        prelude = _parse_prelude(pre.group(0))
-        out.update(prelude)
+    found = False
     for name, rx in _SALVAGE_FIELDS:
         if name in out:
             continue
         m = rx.search(text, head.start())
         if m:
             out[name] = m[1] if name in ("op_type", "tensor_shape") else int(m[1])
+            found = True
+    if not found:
+        # Only the phrase survives. A line cut inside it counts; prose or code quoting it
+        # ("How do I fix the Watchdog caught ... error?") does not.
+        before = text[: pre.start()] if pre else text[: head.start()]
+        rest = re.sub(r"\s+", "", text[head.start() :])
+        cut = any(c.startswith(rest) or rest.startswith(c) for c in _CUT_PHRASES)
+        if before.strip() or not (prefixed or pre) or not cut:
+            return None
+    if pre:
+        out.update(_parse_prelude(pre.group(0)))
     return out
+
+
+# The opening phrases of the timeout families without spaces, up to their first value.
+_CUT_PHRASES = (
+    "Watchdogcaughtcollectiveoperationtimeout:WorkNCCL(",
+    "Caughtcollectiveoperationtimeout:WorkNCCL(",
+    "TimeoutatNCCLwork:",
+    "detectedbywatchdogatwork:",
+    "failuredetectedbywatchdogatworksequenceid:",
+)
 
 
 def _parse_prelude(text: str) -> Fields:
@@ -810,7 +917,7 @@ def era_of(line: Line, constraints: Iterable[tuple[str, str]]) -> str | None:
 
 _STRONG_START = re.compile(
     r"\s*(?:\[rank\d+\]|\[[A-Za-z_][\w.-]*\d+\]:|\[[FEWIV]\d{0,4}[ \d:.]*[\w.+-]+:\d+\]"
-    r"|[VIWEFC]\d{4} \d\d:\d\d|\[?\d{4}-\d\d-\d\d|frame #|Exception raised from|terminate called"
+    r"|[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |\[?\d{4}-\d\d-\d\d|frame #|Exception raised from|terminate called"
     r"|Traceback|File \"|[\w.-]+:\d+:\d+ \[\d+\]|\(\w+ pid=|[\w.]+(?:Error|Exception):|\[\d+\] |=====|-----)"
 )
 _ANCHOR_RE = re.compile("|".join(re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)))
@@ -863,14 +970,18 @@ class _Parser:
         after = [_decode(raw) for raw in cand.after] if last else []
         fields, used = self._parse_with_joins(line, after)
         start_line = line
-        if fields is None and first and cand.before and not _STRONG_START.match(text):
-            # The message began on the line before (a wrap in the middle of a prefix or a word).
+        if first and _continues_previous(cand, text, line, fields is not None):
             prev = peel(Line(self.source, cand.lineno - 1, _decode(cand.before[-1]) + text))
             joined, used_b = self._parse_with_joins(prev, after)
-            if joined is not None and not joined.get("_incomplete"):
+            whole = fields is None or (
+                _has_own_prefix(prev)
+                and not any(p.kind == "lead" for p in prev.prefixes)
+                and _parse(normalize(prev.message + "".join(after[:used_b]))) is not None
+            )
+            if joined is not None and not joined.get("_incomplete") and whole:
                 fields, used, start_line = joined, used_b, prev
         if fields is None:
-            fields = salvage(line.message)
+            fields = salvage(line.message, prefixed=_has_own_prefix(line))
             used = 0
             if fields is None:
                 if len(self.unparsed) < MAX_UNPARSED:
@@ -889,7 +1000,7 @@ class _Parser:
                 self.consumed_until = max(self.consumed_until, cand.lineno + 1)
         if kind == "child_field":
             return  # a ChildFailedError record line outside a block: nothing to pin it on
-        self.dedupe.add(make_event(start_line, fields, self._joined_text(line, after, used)))
+        self.dedupe.add(make_event(start_line, fields, self._joined_text(start_line, after, used)))
 
     def _joined_text(self, line: Line, after: list[str], used: int) -> str:
         if not used:
@@ -937,7 +1048,7 @@ class _Parser:
                 continue
             if record is None:
                 record, record_line = {}, lineno + offset
-            record.update({k: v for k, v in fields.items() if k != "kind"})
+            record.update({k: v for k, v in fields.items() if k != "kind" and not k.startswith("_")})
         if record:
             self._add_child(line, record, role, record_line)
         self.consumed_until = max(self.consumed_until, lineno + used)
@@ -948,6 +1059,33 @@ class _Parser:
         text = ", ".join(f"{k}={v}" for k, v in record.items() if v is not None)
         row = Line(line.source, lineno, text, message=text, rank=rank)
         self.dedupe.add(make_event(row, fields, line.text.strip() + " " + text))
+
+
+def _continues_previous(cand: Candidate, text: str, line: Line, parsed: bool) -> bool:
+    """Tell whether a candidate line may be the second half of a line hard-wrapped before it."""
+    if not cand.before:
+        return False
+    if _only_prefixes(cand.before[-1]):
+        return True  # a wrap right after the prefixes: they are no line of their own
+    if _STRONG_START.match(text):
+        return False
+    return (
+        not parsed  # a wrap in the middle of a word
+        or any(p.kind == "lead" for p in line.prefixes)  # inside the header: text before it
+        or (not _has_own_prefix(line) and _parse(normalize(line.message)) is None)
+    )
+
+
+def _only_prefixes(raw: bytes) -> bool:
+    """Tell whether a physical line holds PyTorch's prefixes (and PG prefixes) but no message."""
+    line = peel(Line("", 0, _decode(raw)))
+    message = normalize(line.message)
+    return _has_own_prefix(line) and (not message or _PRELUDE_TAIL.match(message) is not None)
+
+
+def _has_own_prefix(line: Line) -> bool:
+    """Tell whether PyTorch's own prefixes were peeled off a line (a header, ``[rankN]:``)."""
+    return any(p.kind in ("header", "tee", "excepthook") for p in line.prefixes)
 
 
 def _decode(raw: bytes) -> str:
@@ -982,7 +1120,12 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
         rank = line.rank if line.rank is not None else rank
     if rank is None and core.get("pg_rank") is not None and core.get("pg") in (None, "0"):
         rank = core["pg_rank"]  # "[Rank N]" in the default process group is the global rank
-    detail = {k: v for k, v in f.items() if v is None or isinstance(v, (str, int))}
+    detail: dict[str, str | int | None] = {}
+    for key, value in f.items():
+        if isinstance(value, list):  # rank lists of the desync report: "3", "0, 1, 2"
+            value = ", ".join(str(v) for v in value)
+        if value is None or isinstance(value, (str, int)):
+            detail[key] = value
     return Event(
         kind=kind,
         source=line.source,
@@ -991,7 +1134,7 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
         rank=rank,
         local_rank=line.local_rank if line.local_rank is not None else local_rank,
         host=line.host or host,
-        pid=line.pid if line.pid is not None else pid,
+        pid=pid if pid is not None else line.pid,
         time=line.time,
         ts=line.ts,
         partial=incomplete,
@@ -1024,10 +1167,11 @@ class Deduper:
         self._order: list[Event] = []
 
     def add(self, ev: Event) -> None:
+        """Keep a new event, or fold it into the one it repeats."""
         if ev.kind in (Kind.WATCHDOG_TIMEOUT, Kind.WATCHDOG_STATUS):
             self._add_timeout(ev)
             return
-        key = (ev.kind, ev.rank, ev.pg_rank, ev.detail.get("form"), ev.form,
+        key: tuple[Any, ...] = (ev.kind, ev.rank, ev.pg_rank, ev.detail.get("form"), ev.form,
                _MASK.sub("#", _strip_header(ev.text)))
         if ev.kind == Kind.CHILD_FAILED:
             key = (ev.kind, ev.rank, ev.form, ev.detail.get("exit_code"), ev.pid)
@@ -1070,6 +1214,8 @@ def _same_timeout(a: Event, b: Event) -> bool:
         if a.rank != b.rank:
             return False
     elif a.pg_rank is not None and b.pg_rank is not None and a.pg_rank != b.pg_rank:
+        # without a global rank, "[Rank N]" is all there is to tell ranks apart (the same work
+        # can show two different "[Rank N]" in its watchdog and status lines: corpus 006)
         return False
     for name in ("seq", "op_type", "timeout_ms"):
         x, y = getattr(a, name), getattr(b, name)
@@ -1084,6 +1230,8 @@ def _merge_timeout(into: Event, ev: Event) -> None:
         # the more informative line becomes the event's own line; the old one an occurrence
         into.occurrences.insert(0, Occurrence(into.line, into.rank, into.text))
         into.line, into.text, into.form = ev.line, ev.text, ev.form
+        if ev.time is not None:  # the time of the event's own line
+            into.time, into.ts = ev.time, ev.ts
         into.partial = ev.partial and into.partial
     else:
         _add_occurrence(into, ev)

@@ -1,0 +1,516 @@
+"""parse.py: near-misses that are not events, damaged lines, prefixes, repeats and deduplication."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nccl_triage.model import Event
+from nccl_triage.parse import parse_message, parse_text
+
+HEADER = "[rank3]:[E1022 03:48:07.493651427 ProcessGroupNCCL.cpp:607] "
+WATCHDOG = (
+    "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4, OpType=ALLREDUCE, "
+    "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600006 milliseconds before timing out."
+)
+LINE = HEADER + WATCHDOG  # item 12 of the format reference without the tee prefix
+WORK = {
+    "seq": 4,
+    "op_type": "ALLREDUCE",
+    "numel_in": 1,
+    "numel_out": 1,
+    "timeout_ms": 600000,
+    "ran_for_ms": 600006,
+}
+FULL = {
+    "line": 1,
+    "rank": 3,
+    "pg_rank": 3,
+    "time": "10-22 03:48:07.493651427",
+    "partial": False,
+    **WORK,
+}
+
+
+def timeouts(text: str) -> list[Event]:
+    return [e for e in parse_text(text).events if e.kind == "watchdog_timeout"]
+
+
+def one_timeout(text: str) -> Event:
+    result = parse_text(text)
+    assert [e.kind for e in result.events] == ["watchdog_timeout"]
+    return result.events[0]
+
+
+def fields(ev: Event, names: Any = FULL) -> dict[str, Any]:
+    return {name: getattr(ev, name) for name in names}
+
+
+# ----------------------------------------------------------------------------- near-misses
+
+NEAR_MISSES = {
+    "retyped-descriptor": "I keep getting Watchdog caught collective operation timeout: WorkNCCL(...) "
+    "ran for 600000+ milliseconds before timing out.",
+    "placeholder-N": "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=N, "
+    "OpType=ALLREDUCE, Timeout(ms)=N) ran for N milliseconds before timing out.",
+    "placeholder-angle": "Timeout at NCCL work: <seq>, last enqueued NCCL work: <n>, "
+    "last completed NCCL work: <n>.",
+    "question": "How do I fix the Watchdog caught collective operation timeout error?",
+    "bare-phrase": "Watchdog caught collective operation timeout",
+    "prose-watchdog": "The NCCL watchdog thread terminated with exception after a while, any idea?",
+    "prose-timeout-ms": "You can check the WorkNCCL( descriptor in the log; it has Timeout(ms)=600000",
+    "code-comment": 'dist.init_process_group("nccl", timeout=timedelta(seconds=600))  # Timeout(ms)=600000',
+    "code-print": 'print(f"Watchdog caught collective operation timeout: {work}")',
+    "prose-enqueued": 'Last enqueued work is reported in the logs as "last enqueued NCCL work"',
+    "traceback-frame": '  File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", '
+    "line 2050, in all_reduce",
+    "traceback-source": "    work = group.allreduce([tensor], opts)",
+    "nccl-info-channel": "node-b07:88121:88121 [0] NCCL INFO Channel 00/24 :    0   1   2   3   4   5",
+    "nccl-info-rings": "node-b07:88121:88121 [0] NCCL INFO Connected all rings",
+    "nccl-info-init-start": "node-b07:88121:88121 [0] NCCL INFO ncclCommInitRank comm 0x5621 rank 3 "
+    "nranks 8 cudaDev 3 busId 3b000 - Init START",
+    "nccl-tests-summary": "# Avg bus bandwidth    : 187.42 ",
+    "env-export": "export TORCH_NCCL_BLOCKING_WAIT=1 NCCL_DEBUG=WARN",
+    "root-cause-prose": "Root Cause: the dataloader hung on rank 2",
+    "exitcode-prose": "The job failed (exitcode: 1) yesterday",
+    "closing-signal-prose": "I am sending a closing signal to the workers",
+    "cuda-error-prose": "no CUDA error was reported",
+    "dump-signal-prose": "We never received a dump signal.",
+    "child-failed-import": "from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record",
+    "child-failed-raise": "    raise ChildFailedError(",
+    "glog-banner": "WARNING: Logging before InitGoogleLogging() is written to STDERR",
+    "progress-bar": "Epoch 3:  45%|████▌     | 450/1000 [10:00<12:13,  1.33s/it, loss=0.231]",
+}
+
+
+@pytest.mark.parametrize("text", NEAR_MISSES.values(), ids=NEAR_MISSES.keys())
+def test_near_miss_gives_no_event(text: str) -> None:
+    assert parse_text(text + "\n").events == []
+
+
+def test_near_misses_inside_a_log_leave_the_real_timeout_alone() -> None:
+    log = "\n".join([*NEAR_MISSES.values(), LINE, ""])
+    ev = one_timeout(log)
+    assert fields(ev, WORK) == WORK
+    assert ev.line == len(NEAR_MISSES) + 1
+
+
+# ----------------------------------------------------------------------------- hard wraps
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        20,  # inside the header's timestamp: "[rank3]:[E1022 03:48" / ":07.49..."
+        72,  # mid-word: "[Rank 3] Wat" / "chdog caught"
+        118,  # inside "collective"
+        152,  # mid-number: "SeqNum=" / "4, ..."
+        len(HEADER + WATCHDOG.split("Timeout(ms)=60")[0]) + len("Timeout(ms)=60"),  # "600000"
+        len(HEADER + WATCHDOG.split("ran for 60")[0]) + len("ran for 60"),  # "600006"
+    ],
+)
+def test_wrapped_over_two_lines(cut: int) -> None:
+    ev = one_timeout(f"before\n{LINE[:cut]}\n{LINE[cut:]}\nafter\n")
+    assert fields(ev) == {**FULL, "line": 2}
+    assert ev.text == LINE
+
+
+def test_wrap_before_the_final_period_needs_no_join() -> None:
+    ev = one_timeout(f"{LINE[:-1]}\n.\n")
+    assert fields(ev) == FULL
+    assert ev.text == LINE[:-1]
+
+
+@pytest.mark.parametrize("cuts", [(70, 150), (100, 195), (150, 210), (175, 232)])
+def test_wrapped_over_three_lines(cuts: tuple[int, int]) -> None:
+    a, b = cuts
+    ev = one_timeout(f"{LINE[:a]}\n{LINE[a:b]}\n{LINE[b:]}\nnext line\n")
+    assert fields(ev) == FULL
+    assert ev.text == LINE
+
+
+def test_wrap_does_not_swallow_the_next_message() -> None:
+    second = LINE.replace("rank3", "rank5").replace("Rank 3", "Rank 5")
+    log = f"{LINE[:100]}\n{LINE[100:]}\n{second}\n"
+    assert [(e.rank, e.line, e.seq) for e in timeouts(log)] == [(3, 1, 4), (5, 3, 4)]
+
+
+def test_glued_after_a_progress_bar() -> None:
+    bar = " 45%|████▌     | 450/1000 [10:00<12:13,  1.33s/it]"
+    ev = one_timeout(bar + LINE + "\n")
+    assert fields(ev) == FULL
+
+
+def test_cut_before_ran_for_keeps_what_survives() -> None:
+    cut = LINE.index(" ran for")
+    ev = one_timeout(LINE[:cut] + "\nSaving checkpoint to /ckpt/step_1200\n")
+    assert fields(ev) == {**FULL, "ran_for_ms": None, "partial": True}
+
+
+def test_cut_inside_the_descriptor_keeps_what_survives() -> None:
+    cut = LINE.index("NumelIn=") + len("NumelIn=")
+    ev = one_timeout(LINE[:cut] + "\n")
+    assert fields(ev) == {
+        **FULL,
+        "numel_in": None,
+        "numel_out": None,
+        "timeout_ms": None,
+        "ran_for_ms": None,
+        "partial": True,
+    }
+
+
+def test_cut_inside_the_opening_phrase_of_a_real_line() -> None:
+    # corpus case 023: the line stops at "collecti"; the prefixes make it a real timeout line
+    ev = one_timeout(HEADER + "[Rank 3] Watchdog caught collecti\n")
+    assert fields(ev, ("rank", "pg_rank", "seq", "op_type", "partial")) == {
+        "rank": 3,
+        "pg_rank": 3,
+        "seq": None,
+        "op_type": None,
+        "partial": True,
+    }
+
+
+def test_cut_thread_death_is_still_a_timeout() -> None:
+    line = (
+        "[rank1]:[E ProcessGroupNCCL.cpp:1182] [Rank 1] NCCL watchdog thread terminated with "
+        "exception: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=880, "
+        "OpType=BROADCAST, Num"
+    )
+    ev = one_timeout(line + "\n")
+    assert fields(ev, ("rank", "seq", "op_type", "partial")) == {
+        "rank": 1,
+        "seq": 880,
+        "op_type": "BROADCAST",
+        "partial": True,
+    }
+
+
+# ----------------------------------------------------------------------------- CR, CRLF, ANSI
+
+
+def test_carriage_return_redraws_keep_the_physical_line_number() -> None:
+    log = f"first\nsecond\nstep 1/10\rstep 2/10\r{LINE}\r 46%|████▌     | 460/1000\nlast\n"
+    ev = one_timeout(log)
+    assert fields(ev) == {**FULL, "line": 3}
+    assert ev.text == LINE
+
+
+def test_crlf_line_endings() -> None:
+    ev = one_timeout(f"a\r\n{LINE}\r\nb\r\n")
+    assert fields(ev) == {**FULL, "line": 2}
+    assert ev.text == LINE
+
+
+@pytest.mark.parametrize("esc", ["\x1b", ""], ids=["with-esc", "esc-lost"])
+def test_ansi_colour_codes(esc: str) -> None:
+    coloured = f"{esc}[31m{HEADER}{esc}[0m{esc}[1m{WATCHDOG}{esc}[0m"
+    ev = one_timeout(coloured + "\n")
+    assert fields(ev) == FULL
+    assert ev.text == LINE
+
+
+# ----------------------------------------------------------------------------- repeats
+
+
+def test_same_timeout_in_what_thread_death_and_cluster_repeat_is_one_event() -> None:
+    pg = "[PG ID 0 PG GUID 0(default_pg) Rank 3]"
+    death = f"{pg} Process group watchdog thread terminated with exception: {WATCHDOG}"
+    log = "\n".join(
+        [
+            LINE,
+            f"[rank3]:[E1022 03:48:07.512 ProcessGroupNCCL.cpp:1595] {death}",
+            "terminate called after throwing an instance of 'c10::DistBackendError'",
+            f"  what():  {death}",
+            f"(RayWorkerWrapper pid=4009) {LINE} [repeated 14x across cluster]",
+            "",
+        ]
+    )
+    events = parse_text(log).events
+    assert [e.kind for e in events] == ["watchdog_timeout", "terminate"]
+    ev = events[0]
+    assert fields(ev) == FULL
+    assert ev.form == "watchdog"
+    assert [o.line for o in ev.occurrences] == [2, 4, 5]
+    assert ev.repeats == 14
+    assert (ev.pg, ev.pg_desc) == ("0", "default_pg")  # learnt from the thread-death line
+
+
+def test_status_line_merges_into_the_watchdog_line() -> None:
+    status = (
+        "[rank3]:[E1022 03:48:07.49 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 3] "
+        "Exception (either an error or timeout) detected by watchdog at work: 4, "
+        "last enqueued NCCL work: 5, last completed NCCL work: 3."
+    )
+    ev = one_timeout(f"{status}\n{LINE}\n")
+    assert fields(ev) == {**FULL, "line": 2}
+    assert (ev.form, ev.pg, ev.last_enqueued, ev.last_completed) == ("watchdog", "0", 5, 3)
+    assert [o.line for o in ev.occurrences] == [1]
+
+
+def test_rank_seen_only_in_a_status_line_is_a_timeout() -> None:
+    status = (
+        "[rank1]:[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 1] Timeout at NCCL work: 4, "
+        "last enqueued NCCL work: 4, last completed NCCL work: 3."
+    )
+    found = timeouts(f"{LINE}\n{status}\n")
+    assert [(e.rank, e.seq, e.form, e.partial) for e in found] == [
+        (3, 4, "watchdog", False),
+        (1, 4, "timeout_at", True),
+    ]
+    assert (found[1].last_enqueued, found[1].last_completed, found[1].line) == (4, 3, 2)
+
+
+def test_two_ranks_two_process_groups_are_separate_timeouts() -> None:
+    def death(pg: str, pg_rank: int) -> str:
+        return (
+            f"[rank3]:[E1022 03:48:09.1 ProcessGroupNCCL.cpp:1595] {pg} Process group watchdog "
+            f"thread terminated with exception: " + WATCHDOG.replace("Rank 3", f"Rank {pg_rank}")
+        )
+
+    rank5 = LINE.replace("rank3", "rank5").replace("Rank 3", "Rank 5")
+    log = "\n".join(
+        [
+            death("[PG ID 0 PG GUID 0(default_pg) Rank 3]", 3),
+            death("[PG ID 2 PG GUID 9 Rank 1]", 1),
+            rank5,
+            "",
+        ]
+    )
+    found = timeouts(log)
+    assert [(e.rank, e.pg, e.pg_rank, e.seq) for e in found] == [
+        (3, "0", 3, 4),
+        (3, "2", 1, 4),
+        (5, None, 5, 4),
+    ]
+
+
+# ----------------------------------------------------------------------------- prefixes
+
+
+def _json(payload: dict[str, Any]) -> str:
+    return json.dumps(payload)
+
+
+PREFIXED = {
+    # id: (line, rank, local_rank, pg, pg_rank, time, host, pid)
+    "tee": (f"[default3]:{LINE}", 3, 3, None, 3, FULL["time"], None, None),
+    "tee-role-rank": (f"[rank1]:{LINE}", 3, 1, None, 3, FULL["time"], None, None),
+    "srun": (f"3: {LINE}", 3, None, None, 3, FULL["time"], None, None),
+    "srun-tee": (f"0: [default3]:{LINE}", 3, 3, None, 3, FULL["time"], None, None),
+    "ray": (f"(RayWorkerWrapper pid=4009) {LINE}", 3, None, None, 3, FULL["time"], None, 4009),
+    "ray-ip": (
+        f"(RayWorkerWrapper pid=4009, ip=10.0.0.7) [E ProcessGroupNCCL.cpp:475] {WATCHDOG}",
+        3,
+        None,
+        None,
+        3,
+        None,
+        "10.0.0.7",
+        4009,
+    ),
+    "docker-json": (
+        _json({"log": LINE + "\n", "stream": "stderr", "time": "2024-10-22T03:48:07Z"}),
+        3,
+        None,
+        None,
+        3,
+        FULL["time"],
+        None,
+        None,
+    ),
+    "k8s-json": (
+        _json(
+            {
+                "log": f"[default3]:{LINE}\n",
+                "stream": "stderr",
+                "kubernetes": {"pod_name": "trainer-3"},
+            }
+        ),
+        3,
+        3,
+        None,
+        3,
+        FULL["time"],
+        "trainer-3",
+        None,
+    ),
+    "iso-then-c10": (
+        f"2024-10-22T03:48:07.493Z {LINE}",
+        3,
+        None,
+        None,
+        3,
+        FULL["time"],
+        None,
+        None,
+    ),
+    "iso-only": (
+        f"2024-10-22T03:48:07.493Z [E ProcessGroupNCCL.cpp:475] {WATCHDOG}",
+        3,
+        None,
+        None,
+        3,
+        "2024-10-22T03:48:07.493Z",
+        None,
+        None,
+    ),
+    "hf-logger": (
+        f"2024-10-22 03:48:07,493 - ERROR - __main__ - {WATCHDOG}",
+        3,
+        None,
+        None,
+        3,
+        "2024-10-22 03:48:07,493",
+        None,
+        None,
+    ),
+    "glog": (
+        f"E1022 03:48:07.493651 12345 ProcessGroupNCCL.cpp:737] {WATCHDOG}",
+        3,
+        None,
+        None,
+        3,
+        "10-22 03:48:07.493651",
+        None,
+        None,
+    ),
+    "viewer-number": (f"[1757] {LINE}", 3, None, None, 3, FULL["time"], None, None),
+    "cat-n": (f"  1757\t{LINE}", 3, None, None, 3, FULL["time"], None, None),
+    "markdown-quote": (f"> {LINE}", 3, None, None, 3, FULL["time"], None, None),
+    "determined": (
+        f"fa88a9df [rank=3] || [E ProcessGroupNCCL.cpp:475] {WATCHDOG}",
+        3,
+        None,
+        None,
+        3,
+        None,
+        None,
+        None,
+    ),
+    "sub-pg": (
+        "[rank5]:[E1022 03:48:07.493651427 ProcessGroupNCCL.cpp:1595] [PG ID 2 PG GUID 9 Rank 1] "
+        "Process group watchdog thread terminated with exception: "
+        + WATCHDOG.replace("Rank 3", "Rank 1"),
+        5,
+        None,
+        "2",
+        1,
+        FULL["time"],
+        None,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PREFIXED.values(), ids=PREFIXED.keys())
+def test_stacked_prefixes(case: tuple[Any, ...]) -> None:
+    line, *expected = case
+    ev = one_timeout(line + "\n")
+    assert (ev.rank, ev.local_rank, ev.pg, ev.pg_rank, ev.time, ev.host, ev.pid) == tuple(expected)
+    assert fields(ev, WORK) == WORK
+
+
+def test_agent_line_names_the_worker_pid_not_its_own() -> None:
+    log = (
+        "W0409 07:28:49.531000 1359 torch/distributed/elastic/multiprocessing/api.py:897] "
+        "Sending process 1365 closing signal SIGTERM\n"
+        "E0409 07:28:50.101000 1359 torch/distributed/elastic/multiprocessing/api.py:869] "
+        "failed (exitcode: -6) local_rank: 3 (pid: 1368) of binary: /usr/bin/python3\n"
+        "W0409 07:28:51.101000 1359 site-packages/torch/distributed/elastic/agent/server/api.py:719] "
+        "Received 15 death signal, shutting down workers\n"
+    )
+    events = parse_text(log).events
+    assert [(e.kind, e.pid, e.local_rank, e.detail.get("signal")) for e in events] == [
+        ("agent_signal", 1365, None, "SIGTERM"),
+        ("worker_failed", 1368, 3, "SIGABRT"),
+        ("agent_signal", 1359, None, "SIGTERM"),  # no pid in the message: the agent's own
+    ]
+
+
+def test_glog_thread_id_is_not_a_pid() -> None:
+    line = (
+        "E0517 08:24:03.805000 140617718325696 torch/distributed/elastic/multiprocessing/api.py:826] "
+        "Sending process 970611 closing signal SIGTERM\n"
+    )
+    [ev] = parse_text(line).events
+    assert ev.pid == 970611
+
+
+# ----------------------------------------------------------------------------- properties
+
+OPS = st.sampled_from(
+    [
+        "ALLREDUCE",
+        "BROADCAST",
+        "_ALLGATHER_BASE",
+        "_REDUCE_SCATTER_BASE",
+        "COALESCED",
+        "SEND",
+        "RECV",
+        "ALLTOALL_BASE",
+        "GATHER",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=300))
+def test_parse_message_never_raises(text: str) -> None:
+    result = parse_message(text)
+    assert result is None or isinstance(result.get("kind"), str)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("[]():=,. \t-_WorkNCCLSeqOpTypemsRank0123456789")),
+        max_size=200,
+    )
+)
+def test_parse_message_never_raises_on_grammar_shaped_text(text: str) -> None:
+    parse_message(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rank=st.integers(0, 4095),
+    seq=st.integers(0, 10**9),
+    op=OPS,
+    numel=st.integers(0, 2**64 - 1),
+    timeout=st.integers(1, 10**8),
+    extra=st.integers(0, 10**6),
+    data=st.data(),
+)
+def test_generated_watchdog_line_round_trips_hard_wrapped(
+    rank: int, seq: int, op: str, numel: int, timeout: int, extra: int, data: st.DataObject
+) -> None:
+    line = (
+        f"[rank{rank}]:[E1022 03:48:07.493651427 ProcessGroupNCCL.cpp:607] [Rank {rank}] "
+        f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, "
+        f"NumelIn={numel}, NumelOut={numel}, Timeout(ms)={timeout}) ran for {timeout + extra} "
+        "milliseconds before timing out."
+    )
+    # a terminal hard-wraps every line at its width (whatever the width: mid-word, mid-number)
+    width = data.draw(st.integers(60, len(line)), label="terminal width")
+    pieces = [line[i : i + width] for i in range(0, len(line), width)]
+    ev = one_timeout("step 10\n" + "\n".join(pieces) + "\nstep 11\n")
+    expected = {
+        "line": 2,
+        "rank": rank,
+        "pg_rank": rank,
+        "seq": seq,
+        "op_type": op,
+        "numel_in": numel,
+        "numel_out": numel,
+        "timeout_ms": timeout,
+        "ran_for_ms": timeout + extra,
+        "partial": False,
+        "time": FULL["time"],
+    }
+    assert fields(ev, expected) == expected
