@@ -32,7 +32,7 @@ _ISO = re.compile(
     r"(?=[\s|\]-]|$)\s*"
 )
 _MONTHDAY_TS = re.compile(  # vLLM and friends: "INFO 02-03 13:14:04 llm_engine.py:706] "
-    rf"({_LEVELS}) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d+)? [\w./-]+:\d+\] "
+    rf"({_LEVELS}) ((\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+)?) [\w./-]+:\d+\] "
 )
 _PY_OLD = re.compile(rf"({_LEVELS}):([\w.]+):")  # "WARNING:torch.distributed.run:"
 _PY_21 = re.compile(rf"([\w.]+): \[({_LEVELS})\] ")  # "torch.distributed.elastic...: [ERROR] "
@@ -100,7 +100,7 @@ def peel(line: Line) -> Line:
         m = _MONTHDAY_TS.match(rest)
         if m:
             line.severity = line.severity or m[1][0]
-            _set_time(line, m.group(0), "iso", int(m[2]), int(m[3]), m[4], m[5], m[6], None)
+            _set_time(line, m[2], "iso", int(m[3]), int(m[4]), m[5], m[6], m[7], m[8])
             prefixes.append(Prefix("header", m.group(0)))
             pos += m.end()
             final = True

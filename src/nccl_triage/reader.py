@@ -150,10 +150,55 @@ def _decompressor(kind: str, fh: IO[bytes]) -> IO[bytes]:
         return bz2.BZ2File(fh, mode="rb")
     if kind == "xz":
         return lzma.LZMAFile(fh, mode="rb")
-    import zstandard  # only needed for .zst inputs
+    return io.BufferedReader(_ZstdFrames(fh))
 
-    reader: IO[bytes] = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-    return reader
+
+class _ZstdFrames(io.RawIOBase):
+    """Concatenated zstd frames, decompressed; input that ends inside a frame raises EOFError.
+
+    zstandard's own stream reader stops silently at a frame cut short, which would make a
+    truncated archive look like a short, clean log.
+    """
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        import zstandard  # only needed for .zst inputs
+
+        self._fh = fh
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False  # bytes of an unfinished frame were fed
+        self._out = b""
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._out and not self._done:
+            raw = self._fh.read(_ZSTD_READ)
+            if not raw:
+                self._done = True
+                if self._in_frame:
+                    raise EOFError("input ends inside a zstd frame")
+                break
+            self._out = self._feed(raw)
+        n = min(len(b), len(self._out))
+        b[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _feed(self, raw: bytes) -> bytes:
+        parts = []
+        while raw:
+            if self._frame.eof:  # the next frame of a concatenation
+                self._frame = self._dctx.decompressobj()
+            parts.append(self._frame.decompress(raw))
+            raw = self._frame.unused_data if self._frame.eof else b""
+        self._in_frame = not self._frame.eof
+        return b"".join(parts)
+
+
+_ZSTD_READ = 256 << 10  # compressed bytes per step: bounds the memory one step can take
 
 
 def iter_chunks(stream: Reader, size: int = CHUNK_SIZE) -> Iterator[bytes]:
