@@ -1078,6 +1078,8 @@ def _continues_previous(cand: Candidate, text: str, line: Line, parsed: bool) ->
 
 def _only_prefixes(raw: bytes) -> bool:
     """Tell whether a physical line holds PyTorch's prefixes (and PG prefixes) but no message."""
+    if not raw.rstrip().endswith((b"]", b"]:")):
+        return False  # every prefix ends so: most lines are ruled out without peeling them
     line = peel(Line("", 0, _decode(raw)))
     message = normalize(line.message)
     return _has_own_prefix(line) and (not message or _PRELUDE_TAIL.match(message) is not None)
