@@ -37,6 +37,10 @@ _MONTHDAY_TS = re.compile(  # vLLM and friends: "INFO 02-03 13:14:04 llm_engine.
 _PY_OLD = re.compile(rf"({_LEVELS}):([\w.]+):")  # "WARNING:torch.distributed.run:"
 _PY_21 = re.compile(rf"([\w.]+): \[({_LEVELS})\] ")  # "torch.distributed.elastic...: [ERROR] "
 _HF = re.compile(rf"- ({_LEVELS}) - ([\w.<>]+) - ")  # "- INFO - __main__ - "
+# Hugging Face transformers' own format: "[INFO|trainer.py:3478] 2024-03-14 05:13:20,402 >> "
+_HF_TRANSFORMERS = re.compile(
+    rf"\[({_LEVELS})\|[\w./-]+:\d+\] (\d{{4}})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d+))? >> "
+)
 _LOGURU = re.compile(rf"\| ({_LEVELS}|SUCCESS|TRACE)\s*\| ([\w.<>:]+) - ")
 _LEVEL_WORD = re.compile(rf"({_LEVELS}) (?=\S)")  # "2023-09-07 09:14:40,098 ERROR train.py:308 ..."
 _JOBSYS = re.compile(r"([0-9a-f]{6,}) \[rank=(\d+)\] \|\| ")  # Determined: "fa88a9df [rank=1] || "
@@ -96,6 +100,24 @@ def peel(line: Line) -> Line:
             _set_time(line, m.group(0).strip().strip("[]"), "iso", int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
             prefixes.append(Prefix("timestamp", m.group(0)))
             pos += m.end()
+            continue
+        m = _HF_TRANSFORMERS.match(rest)
+        if m:
+            line.severity = line.severity or m[1][0]
+            _set_time(
+                line,
+                m.group(0)[m.group(0).index("]") + 2 : -4],
+                "iso",
+                int(m[3]),
+                int(m[4]),
+                m[5],
+                m[6],
+                m[7],
+                m[8],
+            )
+            prefixes.append(Prefix("header", m.group(0)))
+            pos += m.end()
+            final = True
             continue
         m = _MONTHDAY_TS.match(rest)
         if m:
