@@ -5,8 +5,10 @@ Input: directories of ``*.yaml`` rules and ``signals/*.yaml`` signal families (t
 :class:`RuleError` listing every problem of every file as ``file:line: message``.
 
 Files come from other teams: YAML is read with the safe loader (no tags that build objects),
-duplicate keys are rejected, unknown keys are errors that name the allowed ones, and every
-pattern is compiled by RE2, whose matching time is linear in the input whatever the pattern.
+duplicate keys and aliases are rejected, unknown keys are errors that name the allowed ones, and
+every pattern is compiled by RE2, whose matching time is linear in the input whatever the
+pattern. The keys, their types, allowed values and defaults are declared once in :data:`SHAPES`,
+which the JSON Schema of rule files (``nccl-triage rules schema``) is generated from.
 Only this module imports yaml.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import re2
 import yaml
 
 from nccl_triage.errors import RuleError
+from nccl_triage.facts import JobFacts
 from nccl_triage.model import (
     Clause,
     Condition,
@@ -48,41 +51,213 @@ CAUSES = (
     "timeout_too_short",
     "unknown",
 )
-RULE_KEYS = (
-    "id",
-    "title",
-    "cause",
-    "severity",
-    "confidence",
-    "description",
-    "owner",
-    "match",
-    "context",
-    "facts",
-    "advice",
-    "references",
-    "examples",
-)
-REQUIRED_RULE_KEYS = (
-    "id",
-    "title",
-    "cause",
-    "severity",
-    "match",
-    "advice",
-    "references",
-    "examples",
-)
-CLAUSE_KEYS = ("event", "where", "within", "direction", "present", "same_rank", "other_rank")
-MATCH_KEYS = ("event", "where")
-WITHIN_KEYS = ("lines", "seconds")
-DIRECTIONS = ("before", "after", "around")
-EXAMPLE_KEYS = ("name", "expect", "log", "file")
-EXPECTS = ("match", "no-match")
-SIGNAL_KEYS = ("id", "description", "ignore_case", "patterns")
-PATTERN_KEYS = ("name", "regex", "anchors")
-OPERATORS = ("eq", "ne", "in", "gt", "ge", "lt", "le", "matches", "exists")
+
+# ----------------------------------------------------------------------------- the file format
+# One declarative description of rule and signal files. The loader takes its key sets, required
+# keys, allowed values and defaults from here, and ``nccl-triage rules schema`` turns the same
+# description into docs/rule-schema.json, so the two can never disagree.
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key of a rule or signal file.
+
+    ``type`` is one of: ``text`` (a non-empty string), ``choice`` (one of ``values``),
+    ``probability`` (a number from 0 to 1), ``count`` (a non-negative number), ``flag``
+    (true/false), ``event`` (an event kind or a signal id), ``regex`` (RE2), ``strings`` (a
+    string or a list of strings), ``urls`` (a URL or a list of them, at least one http(s)),
+    ``conditions`` (field: value tests), ``facts`` (the same over job facts), ``object:NAME``
+    and ``list:NAME`` (one or a list of the :data:`SHAPES` entry NAME), ``patterns`` (a list of
+    regex strings or pattern mappings).
+    """
+
+    name: str
+    type: str
+    doc: str
+    required: bool = False
+    values: tuple[str, ...] = ()
+    default: Any = None
+    pattern: str = ""  # a regex the value should match (checked by ``rules lint``)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A mapping of a rule or signal file: its keys, in the order messages list them."""
+
+    name: str
+    doc: str
+    keys: tuple[Key, ...]
+    one_of: tuple[str, ...] = ()  # exactly one of these keys must be given
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The allowed keys."""
+        return tuple(k.name for k in self.keys)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The keys that must be given."""
+        return tuple(k.name for k in self.keys if k.required)
+
+    def key(self, name: str) -> Key:
+        """The key called ``name``."""
+        return next(k for k in self.keys if k.name == name)
+
+
+# Condition operators and the value each takes (``where:`` and ``facts:``).
+OPERATOR_TYPES: dict[str, str] = {
+    "eq": "any",
+    "ne": "any",
+    "in": "list",
+    "gt": "number",
+    "ge": "number",
+    "lt": "number",
+    "le": "number",
+    "matches": "regex",
+    "exists": "flag",
+}
 EVENT_KINDS = (*(k.value for k in Kind if k != Kind.WATCHDOG_STATUS), "failure")
+FACT_NAMES = tuple(f.name for f in fields(JobFacts))
+
+_WINDOW_DOC = "how far from the trigger the event may be; both limits apply when both are given"
+SHAPES: dict[str, Shape] = {
+    s.name: s
+    for s in (
+        Shape(
+            "rule",
+            "A diagnosis rule: rules/<id>.yaml (one rule a file).",
+            (
+                Key(
+                    "id",
+                    "text",
+                    "kebab-case, stable, never reused, equal to the file name",
+                    required=True,
+                    pattern=r"^[a-z0-9]+(?:-[a-z0-9]+)*$",
+                ),
+                Key("title", "text", "one line: what went wrong", required=True),
+                Key("cause", "choice", "the root cause (spec/causes.md)", True, CAUSES),
+                Key(
+                    "severity",
+                    "choice",
+                    "how bad it is",
+                    True,
+                    tuple(s.value for s in Severity),
+                ),
+                Key(
+                    "confidence",
+                    "probability",
+                    "how sure a firing makes us; orders the diagnoses",
+                    default=0.5,
+                ),
+                Key("description", "text", "the docs of the rule (rules list --format md)"),
+                Key("owner", "text", "the team that maintains the rule"),
+                Key("match", "object:match", "the trigger: the failure this rule explains", True),
+                Key("context", "list:clause", "events that must (or must not) be near the trigger"),
+                Key("facts", "facts", "conditions on the job facts (ranks, timeouts, versions)"),
+                Key("advice", "text", "the advice template's file name (*.md.j2)", required=True),
+                Key("references", "urls", "links to docs or runbooks; at least one URL", True),
+                Key(
+                    "examples",
+                    "list:example",
+                    "logs the rule must fire on (match) and stay silent on (no-match)",
+                    True,
+                ),
+            ),
+        ),
+        Shape(
+            "match",
+            "The trigger event.",
+            (
+                Key("event", "event", "an event kind, or 'failure' for any failure", True),
+                Key("where", "conditions", "tests on the event's fields"),
+            ),
+        ),
+        Shape(
+            "clause",
+            "A context clause: an event or signal near the trigger, or its absence.",
+            (
+                Key("event", "event", "an event kind or a signal id", required=True),
+                Key("where", "conditions", "tests on the event's fields"),
+                Key("within", "object:within", _WINDOW_DOC),
+                Key(
+                    "direction",
+                    "choice",
+                    "where the event may be, relative to the trigger",
+                    values=("before", "after", "around"),
+                    default="before",
+                ),
+                Key("present", "flag", "false: the event must NOT be there", default=True),
+                Key("same_rank", "flag", "the event must be on the trigger's rank", default=False),
+                Key("other_rank", "flag", "the event must be on another rank", default=False),
+            ),
+        ),
+        Shape(
+            "within",
+            "A window around the trigger.",
+            (
+                Key("lines", "count", "at most this many lines away"),
+                Key("seconds", "count", "at most this many seconds away (lines with times)"),
+            ),
+        ),
+        Shape(
+            "example",
+            "An example log: inline (log) or a file relative to the rule file (file).",
+            (
+                Key("name", "text", "descriptive, unique within the rule", required=True),
+                Key("expect", "choice", "fire or stay silent", True, ("match", "no-match")),
+                Key("log", "text", "the log itself (up to ~20 lines)"),
+                Key("file", "text", "a log file, relative to the rule file"),
+            ),
+            one_of=("log", "file"),
+        ),
+        Shape(
+            "signal",
+            "A signal family: rules/signals/<id>.yaml, named RE2 patterns for context lines.",
+            (
+                Key(
+                    "id",
+                    "text",
+                    "snake_case, equal to the file name; rules name it in 'event'",
+                    required=True,
+                    pattern=r"^[a-z0-9]+(?:_[a-z0-9]+)*$",
+                ),
+                Key("description", "text", "what the lines mean", required=True),
+                Key(
+                    "ignore_case",
+                    "flag",
+                    "do not use: the candidate scan never tries such patterns; write (?i:...) "
+                    "in the regex and list each spelling of the anchors",
+                    default=False,
+                ),
+                Key("patterns", "patterns", "the patterns, each a regex or a mapping", True),
+            ),
+        ),
+        Shape(
+            "pattern",
+            "One pattern of a signal.",
+            (
+                Key("name", "text", "names the pattern in evidence and --explain"),
+                Key("regex", "regex", "RE2 syntax: no backreferences, no lookarounds", True),
+                Key(
+                    "anchors",
+                    "strings",
+                    "literal phrases every match contains; only lines holding one are tried",
+                ),
+            ),
+        ),
+    )
+}
+RULE_KEYS = SHAPES["rule"].names
+REQUIRED_RULE_KEYS = SHAPES["rule"].required
+CLAUSE_KEYS = SHAPES["clause"].names
+MATCH_KEYS = SHAPES["match"].names
+WITHIN_KEYS = SHAPES["within"].names
+DIRECTIONS = SHAPES["clause"].key("direction").values
+EXAMPLE_KEYS = SHAPES["example"].names
+EXPECTS = SHAPES["example"].key("expect").values
+SIGNAL_KEYS = SHAPES["signal"].names
+PATTERN_KEYS = SHAPES["pattern"].names
+OPERATORS = tuple(OPERATOR_TYPES)
 
 
 class _Map(dict[str, Any]):
@@ -97,9 +272,22 @@ class _Seq(list[Any]):
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe loader that records line numbers and refuses duplicate keys."""
+    """Safe loader that records line numbers and refuses duplicate keys and aliases."""
 
     problems: list[tuple[int, str]]
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # Aliases (*name) let a few lines expand into an exponentially large document (the
+        # "billion laughs"); rule files never need them.
+        if self.check_event(yaml.AliasEvent):
+            mark = self.get_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "YAML aliases (*name) are not allowed in rule files",
+                mark,
+            )
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Map:
@@ -128,6 +316,13 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
+def line_of(obj: Any, key: str | None = None) -> int:
+    """The 1-based line of a mapping or list read by :func:`load_yaml`, or of one of its keys."""
+    if isinstance(obj, _Map):
+        return obj.key_lines.get(key, obj.line) if key else obj.line
+    return int(getattr(obj, "line", 0))
+
+
 def load_yaml(path: Path) -> tuple[Any, list[str]]:
     """Read one YAML file safely; return the data and its problems as ``file:line: msg``."""
     try:
@@ -138,6 +333,15 @@ def load_yaml(path: Path) -> tuple[Any, list[str]]:
     loader.problems = []
     try:
         data = loader.get_single_data()
+    except yaml.constructor.ConstructorError as exc:
+        # A tag that would build a Python object (!!python/object/apply:os.system, ...): the
+        # safe loader has no constructor for it, so nothing was built.
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        tag = (exc.problem or "").rpartition("tag ")[2].strip(" '") or "?"
+        tag = tag.replace("tag:yaml.org,2002:", "!!")
+        msg = f"tag {tag!r} refused: rule files are plain data, tags that build objects are not allowed"
+        return None, [f"{path}:{line}: invalid YAML: {msg}"]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
@@ -188,18 +392,10 @@ def builtin_dirs() -> tuple[Path, Path]:
     return root / "rules", root / "templates"
 
 
-def load_ruleset(
-    extra_dirs: Iterable[str | Path] = (),
-    builtin: bool = True,
-    only: Iterable[str] = (),
-    disable: Iterable[str] = (),
-) -> Ruleset:
-    """Load the built-in rules, then each team directory (a team rule replaces a built-in).
+def source_dirs(extra_dirs: Iterable[str | Path] = (), builtin: bool = True) -> list[Path]:
+    """The rule directories in load order: built-ins, ``NCCL_TRIAGE_RULES``, then ``extra_dirs``.
 
-    ``NCCL_TRIAGE_RULES`` (a path list, ``os.pathsep``-separated) adds directories too.
-
-    Raises:
-        RuleError: any file is invalid; the message lists every problem of every file.
+    A directory named twice (``--rules rules/`` next to the built-ins) is loaded once.
     """
     dirs: list[Path] = []
     if builtin:
@@ -207,13 +403,30 @@ def load_ruleset(
     env = os.environ.get("NCCL_TRIAGE_RULES", "")
     dirs.extend(Path(p) for p in env.split(os.pathsep) if p)
     dirs.extend(Path(d) for d in extra_dirs)
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for d in dirs:
+        key = d.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def collect_ruleset(
+    extra_dirs: Iterable[str | Path] = (), builtin: bool = True
+) -> tuple[Ruleset, list[str]]:
+    """Load what is valid and collect every problem of every file (``rules lint``).
+
+    Returns the ruleset of the valid rules and signals, and the problems as ``file:line: msg``.
+    """
     problems: list[str] = []
     ruleset = Ruleset()
     if builtin:
         ruleset.template_dirs.append(builtin_dirs()[1])
     by_id: dict[str, int] = {}
     signal_ids: dict[str, int] = {}
-    for d in dirs:
+    for d in source_dirs(extra_dirs, builtin):
         if not d.is_dir():
             problems.append(f"{d}: not a directory of rules")
             continue
@@ -251,10 +464,28 @@ def load_ruleset(
         for clause in (rule.match, *rule.context)
         if clause.event not in known
     )
+    return ruleset, problems
+
+
+def load_ruleset(
+    extra_dirs: Iterable[str | Path] = (),
+    builtin: bool = True,
+    only: Iterable[str] = (),
+    disable: Iterable[str] = (),
+) -> Ruleset:
+    """Load the built-in rules, then each team directory (a team rule replaces a built-in).
+
+    ``NCCL_TRIAGE_RULES`` (a path list, ``os.pathsep``-separated) adds directories too.
+
+    Raises:
+        RuleError: any file is invalid; the message lists every problem of every file.
+    """
+    ruleset, problems = collect_ruleset(extra_dirs, builtin)
+    ids = {r.id for r in ruleset.rules}
     only_set, disable_set = set(only), set(disable)
     problems.extend(
-        f"--only/--disable: no rule '{rid}' (known: {', '.join(sorted(by_id))})"
-        for rid in sorted((only_set | disable_set) - set(by_id))
+        f"--only/--disable: no rule '{rid}' (known: {', '.join(sorted(ids))})"
+        for rid in sorted((only_set | disable_set) - ids)
     )
     if problems:
         raise RuleError("", "\n".join(problems))
@@ -297,7 +528,10 @@ class _Checker:
                 self.add(obj.line, f"{what}missing key '{key}'")
             return None
         if not isinstance(value, str) or not value.strip():
-            self.add(self.line_of(obj, key), f"{what}'{key}' must be a non-empty string")
+            hint = ""
+            if isinstance(value, bool):
+                hint = " (YAML reads an unquoted yes/no/on/off/true/false as a boolean: quote it)"
+            self.add(self.line_of(obj, key), f"{what}'{key}' must be a non-empty string{hint}")
             return None
         return value
 
@@ -360,12 +594,21 @@ def compile_error(regex: str, ignore_case: bool = False) -> str | None:
     """Return why RE2 rejects a pattern, or None when it compiles."""
     options = re2.Options()
     options.case_sensitive = not ignore_case
+    options.log_errors = False  # the reason is returned; RE2 need not print it on stderr too
     try:
         re2.compile(regex, options)
-    except re2.error as exc:
-        return str(exc) or "invalid pattern"
-    except Exception as exc:  # noqa: BLE001 - the binding raises plain errors for some inputs
-        return str(exc) or type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - re2.error, and plain errors for some inputs
+        arg = exc.args[0] if exc.args else ""
+        reason = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+        reason = reason or type(exc).__name__
+        if any(op in regex for op in ("(?=", "(?!", "(?<=", "(?<!")) or re2.search(
+            r"\\[1-9]", regex
+        ):
+            reason += (
+                " (RE2 has no backreferences or lookarounds; that is what keeps matching linear"
+                " in the input, so a pattern cannot hang the tool)"
+            )
+        return reason
     return None
 
 
@@ -391,7 +634,8 @@ def _load_rule(path: Path) -> tuple[Rule | None, list[str]]:
             check.line_of(data, "cause"),
             f"cause '{cause}' is not in spec/causes.md (expected one of: {', '.join(CAUSES)})",
         )
-    sev_raw = data.get("severity", "medium")
+    rule_shape = SHAPES["rule"]
+    sev_raw = data.get("severity", Severity.MEDIUM.value)
     try:
         severity = Severity(sev_raw)
     except ValueError:
@@ -400,7 +644,7 @@ def _load_rule(path: Path) -> tuple[Rule | None, list[str]]:
             f"severity '{sev_raw}' (expected one of: {', '.join(s.value for s in Severity)})",
         )
         severity = Severity.MEDIUM
-    confidence = data.get("confidence", 0.5)
+    confidence = data.get("confidence", rule_shape.key("confidence").default)
     if (
         not isinstance(confidence, int | float)
         or isinstance(confidence, bool)
@@ -419,7 +663,9 @@ def _load_rule(path: Path) -> tuple[Rule | None, list[str]]:
         clause = _clause(check, item, f"context[{i}]: ", CLAUSE_KEYS, check.line_of(raw_context))
         if clause:
             context.append(clause)
-    facts = _conditions(check, data.get("facts"), "facts: ", check.line_of(data, "facts"))
+    facts = _conditions(
+        check, data.get("facts"), "facts: ", check.line_of(data, "facts"), names=FACT_NAMES
+    )
     advice = check.string(data, "advice", required=False) or ""
     refs = data.get("references") or []
     if isinstance(refs, str):
@@ -474,7 +720,8 @@ def _clause(
             check.keys(within, WITHIN_KEYS, f"{what}within: ")
             lines = _number(check, within, "lines", what, int)
             seconds = _number(check, within, "seconds", what, float)
-    direction = obj.get("direction", "before")
+    shape = SHAPES["clause"]
+    direction = obj.get("direction", shape.key("direction").default)
     if direction not in DIRECTIONS:
         check.add(
             check.line_of(obj, "direction"),
@@ -482,10 +729,11 @@ def _clause(
         )
     flags = {}
     for key in ("present", "same_rank", "other_rank"):
-        value = obj.get(key, key == "present")
+        default = bool(shape.key(key).default)
+        value = obj.get(key, default)
         if not isinstance(value, bool):
             check.add(check.line_of(obj, key), f"{what}'{key}' must be true or false")
-            value = key == "present"
+            value = default
         flags[key] = value
     if event is None:
         return None
@@ -511,7 +759,9 @@ def _number(check: _Checker, obj: _Map, key: str, what: str, kind: type) -> Any:
     return kind(value)
 
 
-def _conditions(check: _Checker, obj: Any, what: str, line: int) -> list[Condition]:
+def _conditions(
+    check: _Checker, obj: Any, what: str, line: int, names: tuple[str, ...] = ()
+) -> list[Condition]:
     if obj is None:
         return []
     if not isinstance(obj, _Map):
@@ -520,6 +770,9 @@ def _conditions(check: _Checker, obj: Any, what: str, line: int) -> list[Conditi
     out: list[Condition] = []
     for fname, spec in obj.items():
         fline = check.line_of(obj, fname)
+        if names and fname not in names:
+            check.add(fline, f"{what}unknown fact '{fname}' (expected: {', '.join(names)})")
+            continue
         if isinstance(spec, _Map):
             for op, value in spec.items():
                 if op not in OPERATORS:
@@ -536,10 +789,17 @@ def _conditions(check: _Checker, obj: Any, what: str, line: int) -> list[Conditi
                     if err:
                         check.add(fline, f"{what}{fname}: regex does not compile under RE2: {err}")
                         continue
-                if op in ("gt", "ge", "lt", "le") and (
+                kind = OPERATOR_TYPES[op]
+                if kind == "number" and (
                     isinstance(value, bool) or not isinstance(value, int | float)
                 ):
                     check.add(fline, f"{what}{fname}: '{op}' takes a number")
+                    continue
+                if kind == "list" and not isinstance(value, list):
+                    check.add(fline, f"{what}{fname}: '{op}' takes a list")
+                    continue
+                if kind == "flag" and not isinstance(value, bool):
+                    check.add(fline, f"{what}{fname}: '{op}' takes true or false")
                     continue
                 out.append(Condition(str(fname), str(op), _plain(value)))
         elif isinstance(spec, list):
@@ -579,7 +839,7 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
             )
             continue
         log, file = item.get("log"), item.get("file")
-        if (log is None) == (file is None):
+        if sum(item.get(k) is not None for k in SHAPES["example"].one_of) != 1:
             check.add(item.line, f"{what}give exactly one of 'log' or 'file'")
             continue
         if file is not None:

@@ -24,6 +24,8 @@ class ExampleResult:
     passed: bool
     fired: list[str]  # ids of the rules that fired on the example
     message: str
+    reason: str = ""  # why the rule did or did not fire (the engine's explanation)
+    advice: str | None = None  # the advice, rendered when the rule fired
 
     @property
     def id(self) -> str:
@@ -41,20 +43,21 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
     fired = [e.rule.id for e in report.correlation.explanations if e.fired]
     did = rule.id in fired
     want = example.expect == "match"
+    why = next((e.reason for e in report.correlation.explanations if e.rule.id == rule.id), "")
+    if report.verdict == "clean":
+        why = "the example holds no NCCL failure"
+    advice = None
     if did == want:
         message = "ok"
         if did:  # the advice must render on every matching example
             finding = next(f for f in _findings(report, rule))
-            render_advice(finding, report.facts, ruleset.template_dirs)
+            advice = render_advice(finding, report.facts, ruleset.template_dirs)
     else:
-        why = next((e.reason for e in report.correlation.explanations if e.rule.id == rule.id), "")
-        if report.verdict == "clean":
-            why = "the example holds no NCCL failure"
         message = (
             f"expected {rule.id} to {'fire' if want else 'stay silent'}, "
             f"but it {'fired' if did else 'did not'} ({why}); fired: {', '.join(fired) or 'nothing'}"
         )
-    return ExampleResult(rule, example, did == want, fired, message)
+    return ExampleResult(rule, example, did == want, fired, message, why, advice)
 
 
 def _findings(report: object, rule: Rule) -> list:  # type: ignore[type-arg]
