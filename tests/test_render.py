@@ -51,3 +51,18 @@ def test_human_units() -> None:
     assert human_ms(600_061) == "10.0 min"
     assert human_ms(43_200_000) == "12 h"
     assert human_bytes(2 * 1024**3) == "2.0 GiB"
+
+
+def test_runaway_loops_are_stopped(tmp_path: Path) -> None:
+    finding, facts, dirs = finding_with_template(
+        tmp_path,
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    )
+    with pytest.raises(TemplateError, match="iterations"):
+        render_advice(finding, facts, dirs)
+
+
+def test_huge_values_are_refused(tmp_path: Path) -> None:
+    finding, facts, dirs = finding_with_template(tmp_path, "{{ 'a' * 10**9 }}")
+    with pytest.raises(TemplateError, match="too large"):
+        render_advice(finding, facts, dirs)

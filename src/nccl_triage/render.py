@@ -9,12 +9,14 @@ come from other teams: they render in Jinja's :class:`SandboxedEnvironment` with
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
 from nccl_triage.api import SCHEMA, Report
@@ -65,9 +67,45 @@ def human_number(value: Any) -> str:
     return "?" if value is None else f"{int(value):,}"
 
 
+# A sandboxed template cannot escape, but it could still spin or fill memory: loops draw from
+# one budget of iterations per render, and operators that build huge values are refused.
+MAX_ITERATIONS = 100_000
+MAX_VALUE_SIZE = 1_000_000
+_budget = threading.local()
+
+
+def _budgeted_range(*args: int) -> range:
+    r = range(*args)
+    left = getattr(_budget, "left", MAX_ITERATIONS) - len(r)
+    if left < 0:
+        raise SecurityError(f"template loops exceed {MAX_ITERATIONS} iterations")
+    _budget.left = left
+    return r
+
+
+class _BoundedSandbox(SandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int) and abs(right) > 64:
+            raise SecurityError("template exponent too large")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if (
+                    isinstance(seq, str | list | tuple)
+                    and isinstance(n, int)
+                    and len(seq) * n > MAX_VALUE_SIZE
+                ):
+                    raise SecurityError("template value too large")
+        result = super().call_binop(context, operator, left, right)
+        if isinstance(result, str | list | tuple) and len(result) > MAX_VALUE_SIZE:
+            raise SecurityError("template value too large")
+        return result
+
+
 @cache
 def _environment(dirs: tuple[Path, ...]) -> SandboxedEnvironment:
-    env = SandboxedEnvironment(
+    env = _BoundedSandbox(
         loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -75,6 +113,7 @@ def _environment(dirs: tuple[Path, ...]) -> SandboxedEnvironment:
         lstrip_blocks=True,
         keep_trailing_newline=False,
     )
+    env.globals["range"] = _budgeted_range
     env.filters.update(
         ms=human_ms, seconds=human_seconds, bytes=human_bytes, num=human_number, round_up=round_up
     )
@@ -124,6 +163,7 @@ def render_advice(finding: Finding, facts: JobFacts, template_dirs: Sequence[Pat
     name = finding.rule.advice
     try:
         template = env.get_template(name)
+        _budget.left = MAX_ITERATIONS
         text = template.render(**template_context(finding, facts))
     except jinja2.TemplateNotFound:
         raise TemplateError(
