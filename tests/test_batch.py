@@ -1,0 +1,560 @@
+"""Batch triage: discovery, grouping of per-rank files, table, summary, cache, HTML, engines."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner, Result
+
+from nccl_triage import batch as b
+from nccl_triage.api import triage_path
+from nccl_triage.cli import main
+from nccl_triage.ruleset import load_ruleset
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
+LORA = FIXTURES / "lora-oom-hidden-by-timeout.log"
+ZERO3 = FIXTURES / "zero3-generate-inference-timeout.log"
+DDP = FIXTURES / "ddp-sft-safetensors-save-timeout.log"
+IFNAME = FIXTURES / "two-node-wrong-ifname.log"
+TIMEOUT = (
+    "[E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=57, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+    "ran for 600038 milliseconds before timing out.\n"
+)
+
+
+@pytest.fixture(scope="module")
+def ruleset() -> Any:
+    return load_ruleset()
+
+
+def split_ranks(text: str) -> dict[int, str]:
+    """Split a combined torchrun log into what each rank's own file would hold."""
+    per: dict[int, list[str]] = {}
+    for line in text.splitlines(keepends=True):
+        m = re.match(r"\[default(\d+)\]:", line)
+        if m:
+            per.setdefault(int(m.group(1)), []).append(line[m.end() :])
+            continue
+        m = re.match(r"\[rank(\d+)\]:", line)
+        per.setdefault(int(m.group(1)) if m else 0, []).append(line)
+    return {r: "".join(lines) for r, lines in sorted(per.items())}
+
+
+def make_archive(root: Path) -> Path:
+    """A small archive: per-rank torchrun and Slurm jobs, plain and compressed, one broken."""
+    for rank, text in split_ranks(LORA.read_text()).items():
+        d = root / "torchrun" / "lora_7f3a" / "attempt_0" / str(rank)
+        d.mkdir(parents=True)
+        if rank == 1:
+            (d / "stderr.log.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            (d / "stderr.log").write_text(text)
+    (root / "slurm").mkdir()
+    for rank, text in split_ranks(ZERO3.read_text()).items():
+        (root / "slurm" / f"gen-5512034-{rank}.out").write_text(text)
+    (root / "single").mkdir()
+    shutil.copy(DDP, root / "single" / DDP.name)
+    (root / "single" / "ifname.log.bz2").write_bytes(bz2.compress(IFNAME.read_bytes()))
+    (root / "single" / "clean.log").write_text("[2025-02-01 10:00:00,000] step 1 loss 0.9\n")
+    (root / "single" / "README.md").write_text("not a log\n")
+    blob = gzip.compress(LORA.read_bytes())
+    (root / "broken").mkdir()
+    (root / "broken" / "truncated.log.gz").write_bytes(blob[: len(blob) // 2])
+    return root
+
+
+def invoke(args: list[str], code: int) -> Result:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == code, (result.output, result.exception)
+    return result
+
+
+def files(*names: str) -> list[b.InputFile]:
+    return [b.InputFile(n, n) for n in names]
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+def test_torchrun_log_dir_files_are_one_job_per_attempt() -> None:
+    jobs = b.group_jobs(
+        files(
+            "logs/run_ab12/attempt_0/0/stderr.log",
+            "logs/run_ab12/attempt_0/1/stderr.log.gz",
+            "logs/run_ab12/attempt_0/1/stdout.log",
+            "logs/run_ab12/attempt_1/0/stderr.log",
+        )
+    )
+    assert [(j.name, j.layout, [f.rank for f in j.files]) for j in jobs] == [
+        ("logs/run_ab12/attempt_0", "torchrun", [0, 1, 1]),
+        ("logs/run_ab12/attempt_1", "torchrun", [0]),
+    ]
+
+
+def test_slurm_names_group_by_job_id_and_keep_the_task_as_rank() -> None:
+    jobs = b.group_jobs(
+        files(
+            "out/train-884211-0.out",
+            "out/train-884211-1.out",
+            "out/train-884211-1.err",
+            "out/884299.3.err",
+            "out/slurm-1234.out",
+            "out/slurm-1234.err",
+            "out/slurm-777_3.out",  # an array task (slurm-%A_%a): a job of its own
+            "out/notes.log",
+        )
+    )
+    by_name = {j.name: j for j in jobs}
+    assert [f.rank for f in by_name["out/train-884211"].files] == [0, 1, 1]
+    assert [f.rank for f in by_name["out/884299"].files] == [3]
+    assert len(by_name["out/slurm-1234"].files) == 2
+    assert by_name["out/slurm-777_3.out"].layout == "file"
+    assert by_name["out/notes.log"].layout == "file"
+
+
+def test_group_by_pattern_names_job_and_rank() -> None:
+    names = ("a/job-17/host1-r0.txt", "a/job-17/host2-r1.txt", "b/job-17/x-r0.txt", "c/other.log")
+    jobs = b.group_jobs(files(*names), pattern=r"job-\d+/.*-r(?P<rank>\d+)")
+    by_name = {j.name: j for j in jobs}
+    # the job is the path up to the end of the match: the same id in two places is two jobs
+    assert set(by_name) == {
+        "a/job-17/host1-r0",
+        "a/job-17/host2-r1",
+        "b/job-17/x-r0",
+        "c/other.log",
+    }
+    jobs = b.group_jobs(files(*names), pattern=r"(?P<job>\w/job-\d+)/.*-r(?P<rank>\d+)")
+    by_name = {j.name: j for j in jobs}
+    assert [f.rank for f in by_name["a/job-17"].files] == [0, 1]
+    assert by_name["a/job-17"].layout == "pattern"
+    assert len(b.group_jobs(files(*names), per_file=True)) == 4
+    with pytest.raises(b.TriageError, match="not a regular expression"):
+        b.group_jobs(files(*names), pattern="(")
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def test_discovery_walks_directories_and_reports_what_it_cannot_list(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.log").write_text("x\n")
+    (tmp_path / "a" / "y.out.zst").write_bytes(b"")
+    (tmp_path / "a" / "z.json").write_text("{}")
+    (tmp_path / "a" / ".hidden.log").write_text("x\n")
+    os.symlink("..", tmp_path / "a" / "b" / "loop")
+    os.symlink("missing.log", tmp_path / "a" / "dangling.log")
+    os.mkfifo(tmp_path / "fifo.log")
+    found = b.discover([str(tmp_path / "a"), str(tmp_path / "nope"), str(tmp_path / "fifo.log")])
+    ok = [f.name.removeprefix(str(tmp_path) + "/") for f in found if f.error is None]
+    bad = {f.name.removeprefix(str(tmp_path) + "/"): f.error for f in found if f.error}
+    assert ok == ["a/b/x.log", "a/y.out.zst"]
+    assert set(bad) == {"a/b/loop", "a/dangling.log", "nope", "fifo.log"}
+    assert "directory loop" in str(bad["a/b/loop"])
+    assert "broken symbolic link" in str(bad["a/dangling.log"])
+    assert "no such file" in str(bad["nope"])
+    assert "not a regular file" in str(bad["fifo.log"])
+    globbed = b.discover([str(tmp_path / "a" / "**" / "*.log")])
+    assert [Path(f.name).name for f in globbed if f.error is None] == ["x.log"]
+    assert "directory loop" in str(next(f.error for f in globbed if f.name.endswith("loop")))
+    assert b.discover([str(tmp_path / "*.nothing")])[0].error is not None
+
+
+# ----------------------------------------------------------------------------- triage
+
+
+def test_per_rank_files_give_the_diagnosis_of_the_combined_log(
+    tmp_path: Path, ruleset: Any
+) -> None:
+    make_archive(tmp_path)
+    result = b.run_batch([str(tmp_path / "torchrun")], ruleset)
+    [outcome] = result.outcomes
+    assert outcome.job.layout == "torchrun" and len(outcome.job.files) == 4
+    combined = triage_path(str(LORA), ruleset)
+    assert outcome.diagnoses[0]["rule"] == combined.findings[0].rule.id == "oom-behind-timeout"
+    row = result.table().iloc[0]
+    assert (row["verdict"], row["cause"], row["op_type"], row["seq"]) == (
+        "nccl_timeout",
+        "oom_hidden",
+        "ALLREDUCE",
+        4812,
+    )
+    assert row["ranks_timed_out"] == "0,1,3" and row["culprit_rank"] == 2
+    assert row["first_time"] == pd.Timestamp("2025-01-08 14:02:11")
+    # evidence names the file each line comes from
+    names = [f.name for f in outcome.job.files]
+    files_of_evidence = {names[i] for i, *_ in outcome.diagnoses[0]["evidence"]}
+    assert any("attempt_0/2/" in n for n in files_of_evidence)
+
+
+def test_a_file_without_ranks_takes_the_rank_of_its_directory(tmp_path: Path, ruleset: Any) -> None:
+    for rank in (0, 1):
+        d = tmp_path / "run" / "attempt_0" / str(rank)
+        d.mkdir(parents=True)
+    (tmp_path / "run/attempt_0/0/stderr.log").write_text(
+        "Saving model checkpoint to /ckpt/step_9\n"
+    )
+    (tmp_path / "run/attempt_0/1/stderr.log").write_text(TIMEOUT.format(rank=1))
+    [outcome] = b.run_batch([str(tmp_path)], ruleset).outcomes
+    assert outcome.diagnoses[0]["cause"] == "slow_checkpoint_save"
+    assert outcome.result["culprit_rank"] == 0  # the saving rank, which did not time out
+    assert outcome.result["ranks_timed_out"] == [1]
+
+
+def test_an_internal_error_is_a_row_and_the_run_goes_on(
+    tmp_path: Path, ruleset: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bad.log").write_text(TIMEOUT.format(rank=0))
+    (tmp_path / "good.log").write_text(TIMEOUT.format(rank=0))
+    real = b._triage_file
+
+    def flaky(f: b.InputFile, *args: Any) -> Any:
+        if f.name.endswith("bad.log"):
+            raise RuntimeError("boom")
+        return real(f, *args)
+
+    monkeypatch.setattr(b, "_triage_file", flaky)
+    result = b.run_batch([str(tmp_path)], ruleset, b.BatchOptions(workers=1))
+    by_name = {Path(o.job.name).name: o for o in result.outcomes}
+    assert by_name["bad.log"].verdict is None
+    assert "internal error: RuntimeError: boom" in by_name["bad.log"].errors[0]
+    assert by_name["good.log"].verdict == "nccl_timeout"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def test_batch_prints_table_and_summary_and_warns_on_stderr(tmp_path: Path) -> None:
+    make_archive(tmp_path)
+    result = invoke(["batch", str(tmp_path), "--no-cache"], 1)
+    out = result.stdout
+    assert "lora_7f3a/attempt_0" in out and "oom_hidden" in out
+    assert "slurm/gen-5512034" in out and "generate_zero3" in out
+    assert "6 jobs (12 files): 4 failed, 1 clean, 1 unreadable" in out
+    assert "causes (failed jobs by top diagnosis)" in out and "top rules" in out
+    assert "README.md" not in out
+    assert result.stderr.strip().splitlines() == [
+        f"nccl-triage: {tmp_path}/broken/truncated.log.gz: truncated gzip data"
+    ]
+
+
+def test_summary_counts_causes_hosts_and_rules(tmp_path: Path, ruleset: Any) -> None:
+    make_archive(tmp_path)
+    s = b.run_batch([str(tmp_path)], ruleset).summary()
+    assert (s.jobs, s.failed, s.clean, s.unreadable) == (6, 4, 1, 1)
+    assert sum(n for _, n, _ in s.causes) == 4
+    assert sum(share for _, _, share in s.causes) == pytest.approx(1.0)
+    assert ("slow_checkpoint_save", 1, 0.25) in s.causes
+    assert {h for h, _, _ in s.hosts} >= {"node-a01", "node-b01", "gpu-node-07"}
+    assert s.first[0][:2] == (f"{tmp_path}/torchrun/lora_7f3a/attempt_0", "oom_hidden")
+
+
+def test_exit_status_follows_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "a.log").write_text("step 1\n")
+    invoke(["batch", str(tmp_path / "clean"), "--no-cache"], 0)
+    (tmp_path / "clean" / "b.log.gz").write_bytes(gzip.compress(b"x" * 1000)[:20])
+    invoke(["batch", str(tmp_path / "clean"), "--no-cache"], 0)  # an unreadable input: a row
+    result = invoke(["batch", str(tmp_path / "clean" / "b.log.gz"), "--no-cache"], 2)
+    assert "truncated gzip data" in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = invoke(["batch", str(tmp_path / "empty"), "--no-cache"], 2)
+    assert "no log files found" in result.stderr
+    invoke(["batch", str(tmp_path), "--out", str(tmp_path / "t.xlsx")], 2)
+    invoke(["batch", str(tmp_path), "--scheduler", "tcp://x:1"], 2)
+
+
+def test_unreadable_file_is_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ok.log").write_text(TIMEOUT.format(rank=0))
+    secret = tmp_path / "secret.log"
+    secret.write_text(TIMEOUT.format(rank=1))
+    secret.chmod(0)
+    if os.access(secret, os.R_OK):  # root reads anything: make open() refuse instead
+        import builtins
+
+        real_open = builtins.open
+
+        def refusing(file: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(file) == str(secret):
+                raise PermissionError(13, "Permission denied", str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", refusing)
+    result = invoke(["batch", str(tmp_path), "--db", str(tmp_path / "c.sqlite"), "-j", "1"], 1)
+    assert f"{secret}: permission denied" in result.stderr
+    assert "1 failed, 0 clean, 1 unreadable" in result.stdout
+
+
+def test_out_writes_csv_jsonl_and_parquet(tmp_path: Path) -> None:
+    make_archive(tmp_path / "in")
+    for ext in ("csv", "jsonl", "parquet"):
+        if ext == "parquet":
+            pytest.importorskip("pyarrow")
+        path = tmp_path / f"t.{ext}"
+        result = invoke(["batch", str(tmp_path / "in"), "--no-cache", "--out", str(path)], 1)
+        assert f"table: {path} (6 rows)" in result.stdout
+        assert "oom_hidden" not in result.stdout.split("causes")[0]  # no table on stdout
+        if ext == "csv":
+            df = pd.read_csv(path)
+        elif ext == "jsonl":
+            df = pd.read_json(path, lines=True)
+        else:
+            df = pd.read_parquet(path)
+        assert list(df.columns) == list(b.COLUMNS)
+        assert sorted(df["cause"].dropna()) == sorted(
+            [
+                "generate_zero3",
+                "network_interface_misconfig",
+                "none",
+                "oom_hidden",
+                "slow_checkpoint_save",
+            ]
+        )
+    first = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert first["error"].endswith("truncated gzip data")
+
+
+def test_parquet_without_pyarrow_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nccl_triage import cli_batch
+
+    monkeypatch.setattr(cli_batch, "_have", lambda name: name != "pyarrow")
+    result = invoke(["batch", str(FIXTURES), "--out", str(tmp_path / "t.parquet")], 2)
+    assert result.stderr == (
+        f"nccl-triage: --out {tmp_path}/t.parquet: writing Parquet needs pyarrow: "
+        "pip install 'nccl-triage[parquet]'\n"
+    )
+
+
+def test_per_diagnosis_gives_a_row_per_diagnosis(tmp_path: Path, ruleset: Any) -> None:
+    make_archive(tmp_path)
+    result = b.run_batch([str(tmp_path)], ruleset)
+    jobs, diags = result.table(), result.table(per_diagnosis=True)
+    assert len(diags) == len(jobs) + sum(max(0, len(o.diagnoses) - 1) for o in result.outcomes)
+    assert list(diags.columns[3:6]) == ["verdict", "diagnosis", "cause"]
+    assert set(diags["job"]) == set(jobs["job"])
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(tmp_path: Path) -> None:
+    (tmp_path / "a.log").write_text("step\n")
+    assert invoke(["batch", str(tmp_path), "--no-cache"], 0).stderr == ""
+    assert "triage" in invoke(["batch", str(tmp_path), "--no-cache", "--progress"], 0).stderr
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def test_rerun_triages_only_new_or_changed_files_and_rule_changes_invalidate(
+    tmp_path: Path, ruleset: Any
+) -> None:
+    archive = make_archive(tmp_path / "archive")
+    db = tmp_path / "cache.sqlite"
+    opts = b.BatchOptions(db=db, workers=1)
+    first = b.run_batch([str(archive)], ruleset, opts)
+    assert (first.stats.triaged, first.stats.cached) == (6, 0)
+    again = b.run_batch([str(archive)], ruleset, opts)
+    assert (again.stats.triaged, again.stats.cached) == (0, 6)  # the truncated gzip too
+    pd.testing.assert_frame_equal(first.table(), again.table())
+    # a new job and a changed rank file: only those two jobs are triaged
+    (archive / "single" / "new.log").write_text(TIMEOUT.format(rank=5))
+    with (archive / "torchrun/lora_7f3a/attempt_0/3/stderr.log").open("a") as fh:
+        fh.write("one more line\n")
+    grown = b.run_batch([str(archive)], ruleset, opts)
+    assert (grown.stats.triaged, grown.stats.cached) == (2, 5)
+    # a renamed file, or a copy, is the same content: still cached
+    shutil.copy(DDP, archive / "single" / "copy.log")
+    (archive / "single" / "new.log").rename(archive / "single" / "renamed.log")
+    assert b.run_batch([str(archive)], ruleset, opts).stats.triaged == 0
+    # another ruleset version: everything again
+    fewer = load_ruleset(disable=["timeout-too-short"])
+    assert fewer.version != ruleset.version
+    assert b.run_batch([str(archive)], fewer, opts).stats.triaged == 8
+
+
+def test_a_damaged_cache_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.log").write_text(TIMEOUT.format(rank=0))
+    db = tmp_path / "cache.sqlite"
+    db.write_bytes(b"this is not a database" * 100)
+    result = invoke(["batch", str(tmp_path / "in"), "--db", str(db)], 1)
+    assert f"cache {db} not used" in result.stderr
+
+
+def test_default_cache_lives_in_the_user_cache_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
+    assert b.default_db() == Path("/x/cache/nccl-triage/batch.sqlite")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", "/home/u")
+    assert b.default_db() == Path("/home/u/.cache/nccl-triage/batch.sqlite")
+
+
+# ----------------------------------------------------------------------------- engines
+
+
+def test_process_pool_gives_the_serial_table(tmp_path: Path, ruleset: Any) -> None:
+    make_archive(tmp_path)
+    serial = b.run_batch([str(tmp_path)], ruleset, b.BatchOptions(workers=1))
+    pool = b.run_batch([str(tmp_path)], ruleset, b.BatchOptions(workers=2))
+    assert (serial.stats.engine, pool.stats.engine) == ("serial", "processes")
+    pd.testing.assert_frame_equal(serial.table(), pool.table())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_dask_engine_gives_the_local_table(tmp_path: Path, ruleset: Any) -> None:
+    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("fsspec")
+    import logging
+
+    archive = make_archive(tmp_path / "archive")
+    # one part of the archive named as a file:// URL: read through fsspec on the workers
+    inputs = [str(archive / "torchrun"), str(archive / "broken"), (archive / "single").as_uri()]
+    local = b.run_batch(inputs, ruleset, b.BatchOptions(workers=1))
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    ) as cluster:
+        opts = b.BatchOptions(engine="dask", scheduler=cluster.scheduler_address)
+        remote = b.run_batch(inputs, ruleset, opts)
+    assert remote.stats.engine == "dask" and remote.stats.triaged == 5
+    assert any(j.startswith("file://") for j in local.table()["job"])
+    pd.testing.assert_frame_equal(local.table(), remote.table())
+    pd.testing.assert_frame_equal(local.table(True), remote.table(True))
+
+
+# ----------------------------------------------------------------------------- html
+
+
+def test_html_escapes_log_text_and_loads_nothing(tmp_path: Path, ruleset: Any) -> None:
+    evil = '<script>alert("x")</script><img src=https://example.com/x.png>'
+    (tmp_path / "job.log").write_text(
+        f"Saving model checkpoint to /ckpt/{evil}\n" + TIMEOUT.format(rank=1)
+    )
+    result = b.run_batch([str(tmp_path)], ruleset)
+    html = b.render_html(result)
+    assert result.outcomes[0].diagnoses[0]["cause"] == "slow_checkpoint_save"
+    assert "&lt;script&gt;alert(" in html
+    assert html.count("<script") == 1  # the page's own sorting script
+    assert "<img" not in html
+    assert re.search(r"""(?:src|href)=["']?(?:https?:)?//""", html.split("<main>")[0]) is None
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+def test_advice_markdown_is_escaped_before_markup() -> None:
+    html = str(b._advice_html("Do `<b>x</b>` now:\n- raise `timeout`\n- <i>then</i>\n"))
+    assert html == (
+        "<p>Do <code>&lt;b&gt;x&lt;/b&gt;</code> now:</p>\n<ul>\n"
+        "<li>raise <code>timeout</code></li>\n<li>&lt;i&gt;then&lt;/i&gt;</li>\n</ul>"
+    )
+
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Decode an 8-bit RGB/RGBA PNG (what chromium writes) into rows of raw pixels."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, bpp = 8, b"", 0, 0, 4
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and color in (2, 6)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        ftype, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
+        for i in range(stride):
+            left = line[i - bpp] if i >= bpp else 0
+            up, ul = prev[i], prev[i - bpp] if i >= bpp else 0
+            if ftype == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif ftype == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif ftype == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif ftype == 4:
+                p = left + up - ul
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - ul)
+                pred = left if pa <= pb and pa <= pc else up if pb <= pc else ul
+                line[i] = (line[i] + pred) & 0xFF
+        rows.append(b"".join(bytes(line[j : j + 3]) for j in range(0, stride, bpp)))
+        prev = line
+    return width, height, rows
+
+
+def _chromium() -> str | None:
+    return (
+        shutil.which("chromium")
+        or shutil.which("chromium-browser")
+        or shutil.which("google-chrome")
+    )
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (installed by .ci/run)")
+def test_report_in_a_headless_browser(tmp_path: Path) -> None:
+    make_archive(tmp_path / "archive")
+    page = tmp_path / "report.html"
+    invoke(["batch", str(tmp_path / "archive"), "--no-cache", "--html", str(page)], 1)
+    browser = [str(_chromium()), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    browser += ["--no-first-run", "--disable-extensions", f"--user-data-dir={tmp_path / 'profile'}"]
+    env = {**os.environ, "HOME": str(tmp_path)}
+    dom = subprocess.run(
+        [
+            *browser,
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri() + "#sort=confidence:desc",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []  # no script error, no blocked load, nothing logged
+    assert 'data-ready="1"' in dom.stdout  # the script ran to the end
+    body = dom.stdout.split('<table id="jobs">')[1].split("</tbody>")[0]
+    first_row = body.split("<tr", 2)[2]
+    assert "oom_hidden" in first_row  # sorted by confidence, highest first
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*browser, "--window-size=1200,900", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
+    width, height, rows = _png_pixels(shot.read_bytes())
+    assert (width, height) == (1200, 900)
+    colors = {bytes.fromhex(c[1:]) for c in b.CAUSE_COLORS.values()}
+    painted = sum(
+        1 for row in rows[:600] for i in range(0, len(row), 3 * 4) if row[i : i + 3] in colors
+    )
+    assert painted > 200  # the bars of the causes chart are on screen
