@@ -857,12 +857,17 @@ def default_db() -> Path:
     return Path(base) / "nccl-triage" / "batch.sqlite"
 
 
+# Modules that cannot change a job's result: the command line, live watching, rule tests.
+# Everything else (a new module too) counts, so a change errs towards triaging again.
+_NOT_IN_RESULTS = ("cli*.py", "__main__.py", "live.py", "testing.py")
+
+
 def code_version() -> str:
-    """A digest of this package's code and grammar: results of another version are stale."""
+    """A digest of the code and grammar behind a result: results of another version are stale."""
     h = hashlib.sha256(__version__.encode())
     here = Path(__file__).resolve().parent
     for p in sorted([*here.rglob("*.py"), *here.rglob("*.lark")]):
-        if "_data" not in p.parts:
+        if "_data" not in p.parts and not any(fnmatch.fnmatch(p.name, g) for g in _NOT_IN_RESULTS):
             h.update(p.relative_to(here).as_posix().encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
@@ -1584,6 +1589,7 @@ def render_html(result: BatchResult, max_details: int = 1000) -> str:
         rows=rows,
         details=details,
         hidden_details=max(0, len(order) - max_details),
+        anchors={r["job"]: r["id"] for r in rows if r["detailed"]},
         colors=CAUSE_COLORS,
     )
 
