@@ -7,7 +7,7 @@ Output: a :class:`Report`: verdict, ordered findings, events, job facts. Renderi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -77,16 +77,24 @@ class Triage:
             self._parser.unparsed,
         )
 
-    def prune_signals(self, before_line: int) -> int:
+    def prune_signals(
+        self, before_line: int, keep: Callable[[Event], bool] | None = None
+    ) -> int:
         """Forget signal events that ended before ``before_line``; return how many.
 
         Live triage calls this so memory stays bounded however long a job runs: no rule looks
-        further back than its window.
+        further back than its window. ``keep`` spares old events it returns True for (those
+        near a failure already seen, whose diagnosis must not fade).
         """
         events = self._signals.events
-        keep = [e for e in events if int(e.detail.get("last_line") or e.line) >= before_line]
-        dropped = len(events) - len(keep)
-        events[:] = keep
+        kept = [
+            e
+            for e in events
+            if int(e.detail.get("last_line") or e.line) >= before_line
+            or (keep is not None and keep(e))
+        ]
+        dropped = len(events) - len(kept)
+        events[:] = kept
         self._signals.forget_before(before_line)
         return dropped
 
