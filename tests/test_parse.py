@@ -514,3 +514,16 @@ def test_generated_watchdog_line_round_trips_hard_wrapped(
         "time": FULL["time"],
     }
     assert fields(ev, expected) == expected
+
+
+def test_a_long_glued_line_parses_in_linear_time() -> None:
+    import time
+
+    from nccl_triage.parse import parse_message, parser
+
+    parser()
+    start = time.perf_counter()
+    for junk in ("x" * 65536, "ab:1:2 " * 9000, "ChildFailedError" * 4000):
+        parse_message(junk + " [Rank 0] Watchdog caught collective operation timeout: ")
+    # quadratic searches took minutes here; linear ones take milliseconds
+    assert time.perf_counter() - start < 20

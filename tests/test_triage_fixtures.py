@@ -61,3 +61,23 @@ def test_json_report_follows_the_spec() -> None:
     assert timeouts[0]["op_type"] == "_ALLGATHER_BASE" and timeouts[0]["timeout_ms"] == 1800000
     assert data["summary"]["ranks_timed_out"] == [1, 2, 3]
     assert data["summary"]["first_timeout_line"] == 6
+
+
+def test_signal_patterns_without_anchors_or_ignoring_case_fire(tmp_path: Path) -> None:
+    from nccl_triage.api import triage_text
+
+    (tmp_path / "signals").mkdir()
+    (tmp_path / "signals" / "uploader.yaml").write_text(
+        "id: uploader\ndescription: team uploader\nignore_case: true\n"
+        "patterns:\n  - name: stall\n    regex: 'S3-SYNC: upload stalled'\n",
+        encoding="utf-8",
+    )
+    rules = load_ruleset([tmp_path])
+    log = (
+        "s3-sync: Upload Stalled after 120 s\n"
+        "[E ProcessGroupNCCL.cpp:464] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800917 milliseconds "
+        "before timing out.\n"
+    )
+    report = triage_text(log, rules)
+    assert [s.kind for s in report.signals] == ["uploader"]

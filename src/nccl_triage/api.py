@@ -16,7 +16,7 @@ from nccl_triage.engine import FAILURE_KINDS, Correlation, correlate
 from nccl_triage.facts import JobFacts, compute_facts
 from nccl_triage.model import Event, Finding, Kind, Line
 from nccl_triage.parse import Unparsed, _Parser
-from nccl_triage.prefilter import ANCHORS, Candidate, scan
+from nccl_triage.prefilter import ANCHORS, Candidate, regex_anchor, scan
 from nccl_triage.reader import display_name, iter_chunks, open_binary, segments
 from nccl_triage.ruleset import Ruleset
 from nccl_triage.signals import SignalClassifier, scan_anchors
@@ -128,9 +128,13 @@ def build_report(
 
 
 def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
-    """The literal anchors of the chunk scan: the grammar's and the signals'."""
-    literals, _regexes = scan_anchors(ruleset.signals)
-    return tuple(dict.fromkeys((*ANCHORS, *literals)))
+    """Return the anchors of the chunk scan.
+
+    The grammar's literals, the signals' literals, and the signal patterns that have no
+    literal anchor (as regular expressions).
+    """
+    literals, regexes = scan_anchors(ruleset.signals)
+    return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
 
 
 def triage_path(path: str, ruleset: Ruleset, stdin: IO[bytes] | None = None) -> Report:

@@ -227,8 +227,9 @@ def _lint_rule(rule: Rule, ruleset: Ruleset) -> list[str]:
 def _lint_signals(sel: Selection) -> list[str]:
     """Signal patterns must be reachable: the candidate scan only reads lines holding an anchor."""
     from nccl_triage.api import scan_patterns
+    from nccl_triage.prefilter import compile_anchors
 
-    anchors = scan_patterns(sel.ruleset)
+    scan = compile_anchors(scan_patterns(sel.ruleset))
     out: list[str] = []
     lines = _example_lines(sel.rules)
     for sig in sel.signals:
@@ -236,37 +237,21 @@ def _lint_signals(sel: Selection) -> list[str]:
         data, _ = load_yaml(path)
         raw = data.get("patterns") if isinstance(data, dict) else None
         items = raw if isinstance(raw, list) else []
-        if sig.ignore_case:
-            out.append(
-                f"{path}:{line_of(data, 'ignore_case')}: ignore_case: true patterns are never "
-                "tried (the scan matches anchors as written): write (?i:...) in the regex and "
-                "list each spelling of the anchors instead"
-            )
-            continue
+        options = re2.Options()
+        options.log_errors = False
+        options.case_sensitive = not sig.ignore_case
         for i, pat in enumerate(sig.patterns):
             item = items[i] if i < len(items) else None
             where = f"{path}:{line_of(item) or line_of(raw)}: patterns[{i}]"
-            if not pat.anchors:
-                out.append(
-                    f"{where}: no 'anchors': only lines holding an anchor (a literal phrase "
-                    "every match contains) are tried, so this pattern alone never fires"
-                )
-                continue
-            regex = _compiled(pat.regex)
+            regex = re2.compile(pat.regex, options)
             for where_line, text in lines:
-                if regex.search(text) and not any(a in text for a in anchors):
+                if regex.search(text) and scan.search(text.encode("utf-8", "replace")) is None:
                     out.append(
-                        f"{where}: matches {where_line}, but that line holds no anchor, so the "
-                        "scan never reads it: add an anchor the line holds"
+                        f"{where}: matches {where_line}, but that line holds none of its "
+                        "anchors, so the scan never reads it: add an anchor the line holds"
                     )
                     break
     return out
-
-
-def _compiled(regex: str) -> Any:
-    options = re2.Options()
-    options.log_errors = False
-    return re2.compile(regex, options)
 
 
 def _example_lines(rules: Iterable[Rule]) -> list[tuple[str, str]]:

@@ -740,9 +740,9 @@ _HEADS = re.compile(
     r"|NCCL\s*error|NCCL\s*timeout\s*in|nccl[A-Z]\w*:|Last\s*error:|CUDA\s*error:|Cuda\s*failure"
     r"|Detected\s*mismatch|failed\s*\(exitcode|Sending\s*process|Received\s*\d+\s*death"
     r"|The\s*(?:client|server)\s*socket|TCP\s*client|\[\d+\]\s*is\s*setting|wait\s*timeout\s*after"
-    r"|Timed\s*out|Socket\s*Timeout|Timeout\s*waiting|Root\s*Cause|Failures:|\w*ChildFailedError"
+    r"|Timed\s*out|Socket\s*Timeout|Timeout\s*waiting|Root\s*Cause|Failures:|\b\w*ChildFailedError"
     r"|recvValue|Stack\s*trace\s*of|Not\s*all\s*ranks|Connection\s*closed\s*by\s*peer"
-    r"|Unable\s*to\s*find\s*address|Environment\s*variable|[\w.-]+:\d+:\d+\s*\[\d+\]"
+    r"|Unable\s*to\s*find\s*address|Environment\s*variable|(?<![\w.-])[\w.-]+:\d+:\d+\s*\[\d+\]"
     r"|NCCL\s*version|ProcessGroupNCCL\s*(?:preparing|monitor)|Could\s*not\s*acquire"
 )
 # Prelude tokens that may stand right before a head: exception classes, what():, PG prefixes.
@@ -750,6 +750,9 @@ _PRELUDE_TAIL = re.compile(
     r"(?:(?:[A-Za-z_][\w.:]*(?:Error|Exception)\s*:|what\(\)\s*:|\[\s*(?:Rank\s*\d+|PG\s[^\[\]]*?Rank\s*\d+)\s*\]"
     r"|\[c10d\]|Warning\s*:)\s*)+$"
 )
+# Preludes are short: looking further back than this before a head would make the search
+# quadratic on a long glued line.
+_PRELUDE_REACH = 512
 _REPEATED = re.compile(r"\s*\[repeated (\d+)x across cluster\]\s*$")
 _DAMAGE = re.compile(r"[ \t]{3,}")  # terminal copies insert runs of spaces inside words
 _RETYPED = re.compile(r"WorkNCCL\(\s*(?:\.\.\.|…)\s*\)|\d\+\s*milli|[=:]\s*(?:\.\.\.|…|<\w+>|N\b)")
@@ -781,7 +784,7 @@ def parse_message(message: str, head_before: int | None = None) -> Fields | None
             break
         if start == 0:
             continue
-        pre = _PRELUDE_TAIL.search(text, 0, start)
+        pre = _PRELUDE_TAIL.search(text, max(0, start - _PRELUDE_REACH), start)
         begin = pre.start() if pre else start
         result = _parse(text[begin:])
         if result is not None:
@@ -833,7 +836,7 @@ def salvage(message: str, prefixed: bool = False) -> Fields | None:
     if head is None or _RETYPED.search(text):
         return None
     out: Fields = {"kind": Kind.WATCHDOG_TIMEOUT, "form": "damaged", "_incomplete": True}
-    pre = _PRELUDE_TAIL.search(text, 0, head.start())
+    pre = _PRELUDE_TAIL.search(text, max(0, head.start() - _PRELUDE_REACH), head.start())
     found = False
     for name, rx in _SALVAGE_FIELDS:
         if name in out:

@@ -41,6 +41,8 @@ ANCHORS: tuple[str, ...] = (
     "joined but didn't finish",
     "didn't join collective",
     "Snapshot of ranks' latest states",
+    "] started ",  # "[0, 1, 2, 3] started ALLREDUCE" in the desync snapshot
+    "] finished ",
     "started ranks:",
     "finished ranks:",
     "Timeout at collective",
@@ -80,6 +82,7 @@ ANCHORS: tuple[str, ...] = (
     "Unknown NCCL error",
     "Last error:",
     "NCCL WARN",
+    ".cc:",  # libnccl's error traces "NCCL INFO init.cc:82 -> 3" (its sources are .cc files)
     "Init COMPLETE",
     "NCCL version",
     "NET/Socket : Using",
@@ -156,19 +159,35 @@ class Candidate:
     after: tuple[bytes, ...]  # closest first
 
 
+# An anchor starting with this is an RE2 regular expression rather than a literal (a signal
+# pattern written without literal anchors, or one that ignores case).
+REGEX_PREFIX = "\x00re:"
+
+
+def regex_anchor(regex: str) -> str:
+    """Mark a regular expression as an anchor of the scan."""
+    return REGEX_PREFIX + regex
+
+
 @cache
 def compile_anchors(anchors: tuple[str, ...]) -> Any:
-    """Compile literal anchors into one RE2 alternation over bytes."""
+    """Compile anchors into one RE2 alternation over bytes.
+
+    Literals, and regular expressions marked by :func:`regex_anchor`.
+    """
     options = re2.Options()
     options.never_capture = True
-    pattern = b"|".join(re2.escape(a.encode()) for a in sorted(set(anchors), key=len, reverse=True))
-    return re2.compile(pattern, options)
+    literals = sorted({a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=len, reverse=True)
+    regexes = [a[len(REGEX_PREFIX) :] for a in dict.fromkeys(anchors) if a.startswith(REGEX_PREFIX)]
+    parts = [re2.escape(a.encode()) for a in literals] + [b"(?:" + r.encode() + b")" for r in regexes]
+    return re2.compile(b"|".join(parts), options)
 
 
 @cache
 def _placeholder(anchors: tuple[str, ...]) -> bytes:
     """A byte that no anchor holds: a placeholder line made of it can never match."""
-    used = set(b"".join(a.encode() for a in anchors)) | {_NL}
+    literal = (a for a in anchors if not a.startswith(REGEX_PREFIX))
+    used = set(b"".join(a.encode() for a in literal)) | {_NL}
     return bytes([next(b for b in range(256) if b not in used)])
 
 

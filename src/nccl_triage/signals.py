@@ -46,6 +46,7 @@ def scan_anchors(signals: Iterable[Signal]) -> tuple[tuple[str, ...], tuple[str,
             if p.anchors and not sig.ignore_case:
                 literals.extend(p.anchors)
             else:
+                # no literal every match holds: the scan runs the pattern itself (RE2, linear)
                 regexes.append(f"(?i:{p.regex})" if sig.ignore_case else f"(?:{p.regex})")
     return tuple(dict.fromkeys(literals)), tuple(dict.fromkeys(regexes))
 
