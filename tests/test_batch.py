@@ -428,7 +428,7 @@ def test_dask_engine_gives_the_local_table(tmp_path: Path, ruleset: Any) -> None
         n_workers=2,
         threads_per_worker=1,
         processes=True,
-        dashboard_address=None,
+        dashboard_address=":0",  # any free port: 8787 may be taken
         silence_logs=logging.ERROR,
     ) as cluster:
         opts = b.BatchOptions(engine="dask", scheduler=cluster.scheduler_address)

@@ -806,7 +806,7 @@ def run_dask(
                 n_workers=workers,
                 threads_per_worker=1,
                 processes=True,
-                dashboard_address=None,
+                dashboard_address=":0",  # any free port: 8787 may be taken
                 silence_logs=logging.ERROR,
             )
             client = Client(cluster)
