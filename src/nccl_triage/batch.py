@@ -1594,12 +1594,16 @@ def render_html(result: BatchResult, max_details: int = 1000) -> str:
     )
 
 
-def _priority(o: Outcome) -> tuple[int, float, str]:
-    """Most severe first, then most confident: the order to look at failed jobs in."""
+def _priority(o: Outcome) -> tuple[int, float, float, str]:
+    """The order to look at failed jobs in: most severe, most confident, most recent first."""
     d = o.diagnoses[0] if o.diagnoses else None
+    recent = 0.0
+    with contextlib.suppress(TypeError, ValueError, OverflowError):  # "2024-13-45" in a log
+        recent = -datetime.fromisoformat(o.result.get("first_time")).timestamp()
     if d is None:
-        return (1, 0.0, o.job.name)
-    return (-SEVERITY_ORDER.get(str(d["severity"]), -1), -float(d["confidence"]), o.job.name)
+        return (1, 0.0, recent, o.job.name)
+    severity = -SEVERITY_ORDER.get(str(d["severity"]), -1)
+    return (severity, -float(d["confidence"]), recent, o.job.name)
 
 
 def _text(value: Any) -> str:
