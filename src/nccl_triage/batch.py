@@ -1598,8 +1598,8 @@ def _priority(o: Outcome) -> tuple[int, float, float, str]:
     """The order to look at failed jobs in: most severe, most confident, most recent first."""
     d = o.diagnoses[0] if o.diagnoses else None
     recent = 0.0
-    with contextlib.suppress(TypeError, ValueError, OverflowError):  # "2024-13-45" in a log
-        recent = -datetime.fromisoformat(o.result.get("first_time")).timestamp()
+    with contextlib.suppress(KeyError, ValueError, OverflowError):  # None, or "2024-13-45"
+        recent = -datetime.fromisoformat(str(o.result["first_time"])).timestamp()
     if d is None:
         return (1, 0.0, recent, o.job.name)
     severity = -SEVERITY_ORDER.get(str(d["severity"]), -1)
