@@ -64,3 +64,13 @@ def test_evidence_cause_first(results: list[tuple[dict[str, Any], str, str]]) ->
         print(f"{cause:<40}{p:9.2f}{r:8.2f}  ({actual[cause]})")
     print(f"evidence_cause first: {hits}/{len(known)}")
     assert hits >= 0.85 * len(known)
+
+
+def test_every_corpus_diagnosis_renders_its_advice() -> None:
+    from nccl_triage.render import report_json
+
+    rs = load_ruleset()
+    for path in sorted(CORPUS.glob("*.log")):
+        report = triage_path(str(path), rs)
+        for diagnosis in report_json(report, rs.template_dirs)["diagnoses"]:
+            assert diagnosis["advice"].strip(), path.name

@@ -121,8 +121,19 @@ def _environment(dirs: tuple[Path, ...]) -> SandboxedEnvironment:
 
 
 def event_view(ev: Event) -> dict[str, Any]:
-    """An event as templates and JSON see it (detail flattened)."""
-    return ev.to_dict()
+    """Return an event as templates see it.
+
+    Detail is flattened, and every core field is present (None when the line does not show
+    it), so a template tests ``is not none`` instead of failing.
+    """
+    view = {name: getattr(ev, name) for name in _CORE_FIELDS}
+    view.update(ev.to_dict())
+    return view
+
+
+_CORE_FIELDS = tuple(
+    f for f in Event.__dataclass_fields__ if f not in ("detail", "occurrences", "source", "ts")
+)
 
 
 def template_context(finding: Finding, facts: JobFacts) -> dict[str, Any]:
