@@ -14,14 +14,16 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
 from nccl_triage import __version__
 from nccl_triage.errors import TriageError
 from nccl_triage.model import Event, Kind
-from nccl_triage.parse import ParseResult, parse_path
+
+if TYPE_CHECKING:  # the grammar (lark) is imported only by the commands that parse
+    from nccl_triage.parse import ParseResult
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -83,6 +85,8 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     with _quiet_broken_pipe():
         for path in logs:
             try:
+                from nccl_triage.parse import parse_path
+
                 result = parse_path(path)
             except TriageError as exc:
                 _error(str(exc))
