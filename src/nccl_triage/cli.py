@@ -30,6 +30,24 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
 
+def rule_source_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--rules DIR`` (repeatable), ``--only ID`` and ``--disable ID`` to a command."""
+    options = (
+        click.option(
+            "--rules",
+            "rule_dirs",
+            multiple=True,
+            type=click.Path(file_okay=False),
+            help="A directory of team rules (repeatable); a rule with a built-in's id replaces it.",
+        ),
+        click.option("--only", multiple=True, metavar="ID", help="Evaluate only these rules."),
+        click.option("--disable", multiple=True, metavar="ID", help="Do not evaluate these rules."),
+    )
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 # Commands that live in their own modules, imported only when used (so that piping into
 # ``watch`` never pays for pandas, and ``--help`` stays fast).
 _LAZY_COMMANDS = {
@@ -114,15 +132,7 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     show_default=True,
     help="text for a terminal, markdown to paste into an issue, json (one object per input).",
 )
-@click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(file_okay=False),
-    help="A directory of team rules (repeatable); a rule with a built-in's id replaces it.",
-)
-@click.option("--only", multiple=True, metavar="ID", help="Evaluate only these rules.")
-@click.option("--disable", multiple=True, metavar="ID", help="Do not evaluate these rules.")
+@rule_source_options
 @click.option(
     "--explain",
     is_flag=True,

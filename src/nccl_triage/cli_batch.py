@@ -18,7 +18,14 @@ from typing import Any, NoReturn
 
 import click
 
-from nccl_triage.cli import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, _error, _quiet_broken_pipe
+from nccl_triage.cli import (
+    EXIT_CLEAN,
+    EXIT_FINDINGS,
+    EXIT_USAGE,
+    _error,
+    _quiet_broken_pipe,
+    rule_source_options,
+)
 from nccl_triage.errors import TriageError
 
 
@@ -79,15 +86,7 @@ from nccl_triage.errors import TriageError
     metavar="ADDRESS",
     help="The Dask scheduler (tcp://host:8786); without it a local cluster of -j workers.",
 )
-@click.option(
-    "--rules",
-    "rule_dirs",
-    multiple=True,
-    type=click.Path(file_okay=False),
-    help="A directory of team rules (repeatable); a rule with a built-in's id replaces it.",
-)
-@click.option("--only", multiple=True, metavar="ID", help="Evaluate only these rules.")
-@click.option("--disable", multiple=True, metavar="ID", help="Do not evaluate these rules.")
+@rule_source_options
 @click.option(
     "--progress/--no-progress",
     default=None,

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import click
 
-from nccl_triage.cli import EXIT_USAGE, _error
+from nccl_triage.cli import EXIT_USAGE, _error, rule_source_options
 from nccl_triage.live import (
     AnalyserConfig,
     open_archive,
@@ -42,15 +42,6 @@ def _report_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Format of the diagnoses; json is one report object per line (JSON Lines).",
         ),
         click.option(
-            "--rules",
-            "rule_dirs",
-            multiple=True,
-            type=click.Path(file_okay=False),
-            help="A directory of team rules (repeatable); a rule with a built-in's id replaces it.",
-        ),
-        click.option("--only", multiple=True, metavar="ID", help="Evaluate only these rules."),
-        click.option("--disable", multiple=True, metavar="ID", help="Do not evaluate these rules."),
-        click.option(
             "--color/--no-color",
             default=None,
             help="Colour the text diagnoses (default: when stderr is a terminal, unless NO_COLOR).",
@@ -58,7 +49,7 @@ def _report_options(func: Callable[..., Any]) -> Callable[..., Any]:
     ]
     for option in reversed(options):
         func = option(func)
-    return func
+    return rule_source_options(func)
 
 
 def _config(
