@@ -103,3 +103,16 @@ def test_bad_team_rules_exit_2_with_file_and_line(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert f"{tmp_path / 'x.yaml'}:2: unknown key 'titel'" in result.output
+
+
+def test_an_unreadable_input_beside_a_clean_one_is_not_clean(tmp_path: Path) -> None:
+    clean = tmp_path / "clean.log"
+    clean.write_text("step 1 loss 0.3\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["triage", "/no/such/file.log", str(clean)])
+    assert result.exit_code == 2
+
+
+def test_evidence_lines_are_not_repeated() -> None:
+    out = invoke(["triage", str(FIXTURES / "two-node-wrong-ifname.log")], 1).output
+    evidence = [line for line in out.splitlines() if "two-node-wrong-ifname.log:" in line]
+    assert len(evidence) == len(set(evidence))

@@ -66,3 +66,9 @@ def test_huge_values_are_refused(tmp_path: Path) -> None:
     finding, facts, dirs = finding_with_template(tmp_path, "{{ 'a' * 10**9 }}")
     with pytest.raises(TemplateError, match="too large"):
         render_advice(finding, facts, dirs)
+
+
+def test_huge_method_arguments_are_refused(tmp_path: Path) -> None:
+    finding, facts, dirs = finding_with_template(tmp_path, "{{ 'x'.ljust(10**8) | length }}")
+    with pytest.raises(TemplateError, match="too large"):
+        render_advice(finding, facts, dirs)

@@ -99,6 +99,7 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     """Print the structured events of each LOG (a path, - for stdin; .gz/.bz2/.xz/.zst too)."""
     out = sys.stdout
     read_any = False
+    unreadable = False
     failed = False
     with _quiet_broken_pipe():
         for path in logs:
@@ -108,6 +109,7 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
                 result = parse_path(path)
             except TriageError as exc:
                 _error(str(exc))
+                unreadable = True
                 continue
             read_any = True
             failed = failed or any(_is_failure(e) for e in result.events)
@@ -117,9 +119,7 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
                 _print_jsonl(result, out)
             else:
                 _print_table(result, out, many=len(logs) > 1)
-    if not read_any:
-        sys.exit(EXIT_USAGE)
-    sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
+    sys.exit(exit_status(read_any, unreadable, failed))
 
 
 @main.command()
@@ -169,6 +169,7 @@ def triage(
     if color is None:
         color = out.isatty() and not os.environ.get("NO_COLOR")
     read_any = False
+    unreadable = False
     failed = False
     with _quiet_broken_pipe():
         for path in logs:
@@ -182,6 +183,7 @@ def triage(
                     text = render_text(report, ruleset.template_dirs, color=color)
             except TriageError as exc:
                 _error(str(exc))
+                unreadable = True
                 continue
             read_any = True
             failed = failed or report.verdict != "clean"
@@ -191,9 +193,7 @@ def triage(
             elif explain:
                 out.write("   (clean: no rule evaluated)\n")
             out.flush()
-    if not read_any:
-        sys.exit(EXIT_USAGE)
-    sys.exit(EXIT_FINDINGS if failed else EXIT_CLEAN)
+    sys.exit(exit_status(read_any, unreadable, failed))
 
 
 def _explain(correlation: Any) -> str:
@@ -202,6 +202,20 @@ def _explain(correlation: Any) -> str:
         mark = "fired " if exp.fired else "silent"
         lines.append(f"  {mark} {exp.rule.id:<28} {exp.rule.cause:<38} {exp.reason}")
     return "\n".join(lines) + "\n"
+
+
+def exit_status(read_any: bool, unreadable: bool, failed: bool) -> int:
+    """The exit status of spec/json-output.md for a command over several inputs.
+
+    0 only when every input was read and is clean; 1 when a failure was diagnosed; 2 when no
+    input could be read, or when one could not and nothing else was found (an unread input
+    is not a clean one).
+    """
+    if failed:
+        return EXIT_FINDINGS
+    if not read_any or unreadable:
+        return EXIT_USAGE
+    return EXIT_CLEAN
 
 
 def _is_failure(ev: Event) -> bool:

@@ -36,6 +36,7 @@ FAILURE_KINDS = frozenset(
     }
 )
 ANY_FAILURE = "failure"
+_TRIGGER_ORDER: dict[str, int] = {Kind.NCCL_WARN: 2}
 
 
 @dataclass
@@ -82,6 +83,9 @@ def _evaluate(
         if not holds(cond, facts.get(cond.field)):
             return None, f"fact {_describe(cond)} does not hold (it is {facts.get(cond.field)!r})"
     triggers = [e for e in by_kind.get(rule.match.event, []) if _all_hold(rule.match.where, e)]
+    # For "any failure", the failure itself (a timeout, an exception) is the trigger to quote
+    # before the library warnings that accompany it.
+    triggers.sort(key=lambda e: (_TRIGGER_ORDER.get(e.kind, 1), e.source, e.line))
     if not triggers:
         what = rule.match.event + (
             " matching " + _describe_all(rule.match.where) if rule.match.where else ""

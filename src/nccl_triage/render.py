@@ -86,6 +86,19 @@ def _budgeted_range(*args: int) -> range:
 class _BoundedSandbox(SandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+"})
 
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        for value in (*args, *kwargs.values()):
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and abs(value) > MAX_VALUE_SIZE
+            ):
+                raise SecurityError("template argument too large")
+        result = super().call(context, obj, *args, **kwargs)
+        if isinstance(result, str | list | tuple) and len(result) > MAX_VALUE_SIZE:
+            raise SecurityError("template value too large")
+        return result
+
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(right, int) and abs(right) > 64:
             raise SecurityError("template exponent too large")
@@ -234,7 +247,10 @@ def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]
 
 
 def _evidence_events(f: Finding) -> list[Event]:
-    return sorted([*f.evidence, f.trigger], key=lambda e: e.line)
+    seen: dict[tuple[str, int], Event] = {}
+    for ev in (f.trigger, *f.evidence):  # a signal on the trigger's own line is one line
+        seen.setdefault((ev.source, ev.line), ev)
+    return sorted(seen.values(), key=lambda e: (e.source, e.line))
 
 
 _COLORS = {"critical": "1;31", "high": "31", "medium": "33", "low": "36", "info": "37"}
