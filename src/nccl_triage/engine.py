@@ -46,6 +46,7 @@ class Explanation:
     rule: Rule
     fired: bool
     reason: str
+    finding: Finding | None = None  # kept even when an "unknown" finding is left out of the report
 
 
 @dataclass
@@ -67,7 +68,7 @@ def correlate(events: Sequence[Event], facts: JobFacts, rules: Iterable[Rule]) -
     out = Correlation()
     for rule in rules:
         finding, reason = _evaluate(rule, by_kind, fact_values)
-        out.explanations.append(Explanation(rule, finding is not None, reason))
+        out.explanations.append(Explanation(rule, finding is not None, reason, finding))
         if finding is not None:
             out.findings.append(finding)
     if any(f.rule.cause != "unknown" for f in out.findings):

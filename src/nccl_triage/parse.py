@@ -11,7 +11,7 @@ Only this module imports lark. The parser is built once (LALR, contextual lexer)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -74,10 +74,6 @@ _INFO_PATTERNS = (  # what an NCCL INFO line can tell (nranks, version, interfac
     (re.compile(r"Bootstrap : Using (.+)"), ("bootstrap_interface",)),
     (re.compile(r"(NCCL_\w+) set by environment to (\S+?)\.?$"), ("env_name", "env_value")),
 )
-
-
-def _era(lo: str, hi: str) -> tuple[str, str]:
-    return (lo, hi)
 
 
 class _NotAMessage(Exception):
@@ -1294,7 +1290,3 @@ def parse_text(text: str, source: str = "<text>") -> ParseResult:
     result.bytes = stats.get("bytes", 0)
     return result
 
-
-def iter_events(result: ParseResult) -> Iterator[Event]:
-    """Yield a result's events in input order."""
-    yield from result.events

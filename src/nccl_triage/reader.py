@@ -269,8 +269,3 @@ def lines_from_bytes(chunks: Iterable[bytes], source: str) -> Iterator[Line]:
         lineno += 1
         for seg in segments(pending):
             yield Line(source=source, lineno=lineno, text=seg)
-
-
-def is_readable_file(path: str) -> bool:
-    """Tell whether a path names a regular readable file (for globbing directories)."""
-    return os.path.isfile(path) and os.access(path, os.R_OK)

@@ -536,13 +536,23 @@ class _Checker:
         return value
 
 
-def _load_signal(path: Path) -> tuple[Signal | None, list[str]]:
+def _open_mapping(path: Path, expected: str) -> tuple[_Map | None, _Checker]:
+    """Read a rule or signal file; its top level must be a mapping (``expected`` says of what)."""
     data, errors = load_yaml(path)
     check = _Checker(path)
     check.problems.extend(errors)
-    if not isinstance(data, _Map):
-        if data is not None or not errors:
-            check.add(1, "a signal file must be a mapping with id, description, patterns")
+    if isinstance(data, _Map):
+        return data, check
+    if data is not None or not errors:
+        check.add(1, f"a {expected}")
+    return None, check
+
+
+def _load_signal(path: Path) -> tuple[Signal | None, list[str]]:
+    data, check = _open_mapping(
+        path, "signal file must be a mapping with id, description, patterns"
+    )
+    if data is None:
         return None, check.problems
     check.keys(data, SIGNAL_KEYS, "")
     sid = check.string(data, "id")
@@ -613,12 +623,8 @@ def compile_error(regex: str, ignore_case: bool = False) -> str | None:
 
 
 def _load_rule(path: Path) -> tuple[Rule | None, list[str]]:
-    data, errors = load_yaml(path)
-    check = _Checker(path)
-    check.problems.extend(errors)
-    if not isinstance(data, _Map):
-        if data is not None or not errors:
-            check.add(1, "a rule file must be a mapping (id, title, cause, match, ...)")
+    data, check = _open_mapping(path, "rule file must be a mapping (id, title, cause, match, ...)")
+    if data is None:
         return None, check.problems
     check.keys(data, RULE_KEYS, "")
     for key in REQUIRED_RULE_KEYS:

@@ -7,7 +7,6 @@ expected and what fired. Backs ``tests/test_rule_examples.py`` and ``nccl-triage
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from nccl_triage.api import triage_path, triage_text
 from nccl_triage.model import Example, Rule
@@ -50,7 +49,10 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
     if did == want:
         message = "ok"
         if did:  # the advice must render on every matching example
-            finding = next(f for f in _findings(report, rule))
+            finding = next(
+                e.finding for e in report.correlation.explanations if e.rule.id == rule.id
+            )
+            assert finding is not None
             advice = render_advice(finding, report.facts, ruleset.template_dirs)
     else:
         message = (
@@ -60,29 +62,6 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
     return ExampleResult(rule, example, did == want, fired, message, why, advice)
 
 
-def _findings(report: object, rule: Rule) -> list:  # type: ignore[type-arg]
-    correlation = getattr(report, "correlation", None)
-    if correlation is None:
-        return []
-    # the unknown rule is dropped from findings when another fires; rebuild it from explanations
-    from nccl_triage.engine import correlate
-
-    found = [f for f in correlation.findings if f.rule.id == rule.id]
-    if found:
-        return found
-    full = correlate(
-        sorted([*report.events, *report.signals], key=lambda e: e.line),  # type: ignore[attr-defined]
-        report.facts,  # type: ignore[attr-defined]
-        [rule],
-    )
-    return full.findings
-
-
 def run_examples(ruleset: Ruleset) -> list[ExampleResult]:
     """Run every example of every rule."""
     return [run_example(rule, ex, ruleset) for rule in ruleset.rules for ex in rule.examples]
-
-
-def example_path(example: Example) -> Path | None:
-    """The example's log file, if it is given as a file."""
-    return Path(example.file) if example.file else None
