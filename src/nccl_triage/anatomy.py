@@ -48,8 +48,10 @@ _RAY = re.compile(r"\((\w+) pid=(\d+)(?:, ip=([0-9a-fA-F.:]+))?\)\s*")
 _SRUN = re.compile(r"(\d{1,5}): ")
 _TEE = re.compile(r"\[([A-Za-z_][\w.-]*?)(\d+)\]:(?! )")  # "[default3]:", "[rank0]:" (no space)
 _EXCEPTHOOK = re.compile(r"\[rank(\d+)\]: ")  # Python excepthook / torch._logging: with a space
-_C10 = re.compile(  # "[E ProcessGroupNCCL.cpp:475] " (<= 2.3), "[E1022 10:11:12.123456789 f.cpp:1] "
-    r"\[([FEWIV])(?:(\d{3,4}) (\d\d):(\d\d):(\d\d)(\.\d+)?)? ([\w.+-]+):(\d+)\] ?"
+_C10 = (
+    re.compile(  # "[E ProcessGroupNCCL.cpp:475] " (<= 2.3), "[E1022 10:11:12.123456789 f.cpp:1] "
+        r"\[([FEWIV])(?:(\d{3,4}) (\d\d):(\d\d):(\d\d)(\.\d+)?)? ([\w.+-]+):(\d+)\] ?"
+    )
 )
 _GLOG = re.compile(  # glog builds and torchrun 2.3+: "E0517 08:24:03.805000 140617 path.py:826] "
     r"([VIWEFC])(\d{4}) (\d\d):(\d\d):(\d\d)(\.\d+)? +(\d+) ([\w./+-]+):(\d+)\] ?"
@@ -97,7 +99,17 @@ def peel(line: Line) -> Line:
             continue
         m = _ISO.match(rest)
         if m:
-            _set_time(line, m.group(0).strip().strip("[]"), "iso", int(m[2]), int(m[3]), m[4], m[5], m[6], m[7])
+            _set_time(
+                line,
+                m.group(0).strip().strip("[]"),
+                "iso",
+                int(m[2]),
+                int(m[3]),
+                m[4],
+                m[5],
+                m[6],
+                m[7],
+            )
             prefixes.append(Prefix("timestamp", m.group(0)))
             pos += m.end()
             continue

@@ -77,9 +77,7 @@ class Triage:
             self._parser.unparsed,
         )
 
-    def prune_signals(
-        self, before_line: int, keep: Callable[[Event], bool] | None = None
-    ) -> int:
+    def prune_signals(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
         """Forget signal events that ended before ``before_line``; return how many.
 
         Live triage calls this so memory stays bounded however long a job runs: no rule looks

@@ -44,7 +44,9 @@ _PG_ID = re.compile(
     r"\[\s*PG\s+ID\s+(?P<pg>\S+)\s+PG\s+GUID\s*(?P<guid>[^\s(\]]*)\s*(?:\((?P<desc>[^)]*)\))?"
     r"\s*Rank\s*(?P<rank>\d+)\s*\]"
 )
-_PG_NAME = re.compile(r"\[\s*PG\s+(?P<pg>[^\s(\]]+)\s*(?:\((?P<desc>[^)]*)\))?\s*Rank\s*(?P<rank>\d+)\s*\]")
+_PG_NAME = re.compile(
+    r"\[\s*PG\s+(?P<pg>[^\s(\]]+)\s*(?:\((?P<desc>[^)]*)\))?\s*Rank\s*(?P<rank>\d+)\s*\]"
+)
 _WORK_RANK = re.compile(r"\[\s*Rank\s*(?P<rank>\d+)\s*\]")
 _COUNTERS = re.compile(
     r"[Ll]ast\s*enqueued\s*(?:NCCL\s*)?work:\s*(-?\d+),\s*last\s*completed\s*(?:NCCL\s*)?work:\s*(-?\d+)"
@@ -68,7 +70,10 @@ _WORK_KEYS = {
     "TensorShape": "tensor_shape",
 }
 _INFO_PATTERNS = (  # what an NCCL INFO line can tell (nranks, version, interfaces, settings)
-    (re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks (\d+) cudaDev (\d+)"), ("nccl_rank", "nranks", "cuda_dev")),
+    (
+        re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks (\d+) cudaDev (\d+)"),
+        ("nccl_rank", "nranks", "cuda_dev"),
+    ),
     (re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)"), ("nccl_version",)),
     (re.compile(r"NET/(Socket|IB) : Using (.+)"), ("net", "interfaces")),
     (re.compile(r"Bootstrap : Using (.+)"), ("bootstrap_interface",)),
@@ -261,12 +266,20 @@ class _ToFields(Transformer[Token, Fields]):
         return {"form": "culprits"}
 
     def desync_unfinished(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.DESYNC_REPORT, "form": "joined_not_finished",
-                "ranks": _ranks(items[0]), "seq": int(items[1])}
+        return {
+            "kind": Kind.DESYNC_REPORT,
+            "form": "joined_not_finished",
+            "ranks": _ranks(items[0]),
+            "seq": int(items[1]),
+        }
 
     def desync_unjoined(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.DESYNC_REPORT, "form": "finished_not_joined",
-                "ranks": _ranks(items[0]), "seq": int(items[1]) + 1}
+        return {
+            "kind": Kind.DESYNC_REPORT,
+            "form": "finished_not_joined",
+            "ranks": _ranks(items[0]),
+            "seq": int(items[1]) + 1,
+        }
 
     def desync_snapshot(self, items: list[Any]) -> Fields:
         return {"kind": Kind.DESYNC_REPORT, "form": "snapshot"}
@@ -275,12 +288,20 @@ class _ToFields(Transformer[Token, Fields]):
         return {"kind": Kind.DESYNC_REPORT, "form": f"{items[1]}_ranks", "seq": int(items[0])}
 
     def desync_state_ranks(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.DESYNC_REPORT, "form": str(items[1]), "ranks": _ranks(items[0]),
-                "op_type": str(items[2])}
+        return {
+            "kind": Kind.DESYNC_REPORT,
+            "form": str(items[1]),
+            "ranks": _ranks(items[0]),
+            "op_type": str(items[2]),
+        }
 
     def desync_timeout_at(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.DESYNC_REPORT, "form": "timeout_at", "op_type": str(items[0]),
-                "seq": int(items[1])}
+        return {
+            "kind": Kind.DESYNC_REPORT,
+            "form": "timeout_at",
+            "op_type": str(items[0]),
+            "seq": int(items[1]),
+        }
 
     def desync_failed(self, items: list[Any]) -> Fields:
         return {"kind": Kind.DESYNC_REPORT, "form": "report_failed"}
@@ -344,17 +365,28 @@ class _ToFields(Transformer[Token, Fields]):
 
     # --- F4
     def watchdog_stuck(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "watchdog_stuck",
-                "heartbeat_timeout_s": int(items[0])}
+        return {
+            "kind": Kind.HEARTBEAT_TIMEOUT,
+            "form": "watchdog_stuck",
+            "heartbeat_timeout_s": int(items[0]),
+        }
 
     def heartbeat_monitor(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "heartbeat_monitor", "_eras": [("2.3", "2.4")]}
+        return {
+            "kind": Kind.HEARTBEAT_TIMEOUT,
+            "form": "heartbeat_monitor",
+            "_eras": [("2.3", "2.4")],
+        }
 
     def no_heartbeat(self, items: list[Any]) -> Fields:
         return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "no_heartbeat", "_eras": [("2.3", "2.4")]}
 
     def monitor_timeout(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "monitor_timeout", "_eras": [("2.2", "2.2")]}
+        return {
+            "kind": Kind.HEARTBEAT_TIMEOUT,
+            "form": "monitor_timeout",
+            "_eras": [("2.2", "2.2")],
+        }
 
     def dump_signal(self, items: list[Any]) -> Fields:
         origin = next(i for i in items if isinstance(i, dict))
@@ -382,7 +414,11 @@ class _ToFields(Transformer[Token, Fields]):
         return {"kind": Kind.DUMP_SIGNAL, "form": "global_timeout", "_eras": [("2.3", "2.3")]}
 
     def dump_global_signal(self, items: list[Any]) -> Fields:
-        out: Fields = {"kind": Kind.DUMP_SIGNAL, "form": "global_signal", "from_rank": int(items[0])}
+        out: Fields = {
+            "kind": Kind.DUMP_SIGNAL,
+            "form": "global_signal",
+            "from_rank": int(items[0]),
+        }
         tail = next((i for i in items if isinstance(i, str)), "")
         m = _COUNTERS.search(tail)
         if m:
@@ -390,7 +426,11 @@ class _ToFields(Transformer[Token, Fields]):
         return out
 
     def dump_first_pg(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.DUMP_SIGNAL, "form": "first_pg", "message": items[0] if items else None}
+        return {
+            "kind": Kind.DUMP_SIGNAL,
+            "form": "first_pg",
+            "message": items[0] if items else None,
+        }
 
     def dump_observed(self, items: list[Any]) -> Fields:
         return {"kind": Kind.DUMP_SIGNAL, "form": "observed"}
@@ -401,8 +441,11 @@ class _ToFields(Transformer[Token, Fields]):
     def dump_flag_failed(self, items: list[Any]) -> Fields:
         tail = items[-1] if isinstance(items[-1], str) else ""
         m = re.search(r"with error:\s*(.+)", tail)
-        return {"kind": Kind.SOCKET_ERROR, "form": "should_dump_check_failed",
-                "error": m[1].strip() if m else None}
+        return {
+            "kind": Kind.SOCKET_ERROR,
+            "form": "should_dump_check_failed",
+            "error": m[1].strip() if m else None,
+        }
 
     def terminating(self, items: list[Any]) -> Fields:
         reason = items[-1] if items and isinstance(items[-1], str) else ""
@@ -429,8 +472,11 @@ class _ToFields(Transformer[Token, Fields]):
     def fr_not_joining(self, items: list[Any]) -> Fields:
         tail = items[0] if items else ""
         m = re.match(r",?\s*(?:sequence\s*number\s*:\s*)?(\d+)(?:\s*at\s*entry\s*(\d+))?", tail)
-        out: Fields = {"kind": Kind.FLIGHT_RECORDER, "form": "not_all_joining",
-                       "seq": int(m[1]) if m else None}
+        out: Fields = {
+            "kind": Kind.FLIGHT_RECORDER,
+            "form": "not_all_joining",
+            "seq": int(m[1]) if m else None,
+        }
         if m and m[2]:
             out["record_id"] = int(m[2])
         return out
@@ -458,15 +504,22 @@ class _ToFields(Transformer[Token, Fields]):
         return self._nccl_error(items, "async_error")
 
     def nccl_detail(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.NCCL_ERROR, "form": "detail", "nccl_code": str(items[0]),
-                "message": items[1] if len(items) > 1 else None}
+        return {
+            "kind": Kind.NCCL_ERROR,
+            "form": "detail",
+            "nccl_code": str(items[0]),
+            "message": items[1] if len(items) > 1 else None,
+        }
 
     def nccl_unknown(self, items: list[Any]) -> Fields:
         return {"kind": Kind.NCCL_ERROR, "form": "detail", "nccl_code": "unknown"}
 
     def nccl_last_error(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.NCCL_ERROR, "form": "last_error",
-                "last_error": items[0] if items else None}
+        return {
+            "kind": Kind.NCCL_ERROR,
+            "form": "last_error",
+            "last_error": items[0] if items else None,
+        }
 
     def nccl_lib(self, items: list[Any]) -> Fields:
         origin = str(items[0])
@@ -527,8 +580,13 @@ class _ToFields(Transformer[Token, Fields]):
     def worker_failed(self, items: list[Any]) -> Fields:
         ints = [i for i in items if isinstance(i, Token)]
         code = int(ints[0])
-        out: Fields = {"kind": Kind.WORKER_FAILED, "exit_code": code, "local_rank": int(ints[1]),
-                       "pid": int(ints[2]), "entrypoint": items[-1]}
+        out: Fields = {
+            "kind": Kind.WORKER_FAILED,
+            "exit_code": code,
+            "local_rank": int(ints[1]),
+            "pid": int(ints[2]),
+            "entrypoint": items[-1],
+        }
         m = _START_METHOD.fullmatch(items[-1])
         if m:  # function mode: "of fn: <qualname> (start_method: <spawn|fork>)"
             out["entrypoint"], out["start_method"] = m[1], m[2]
@@ -537,16 +595,24 @@ class _ToFields(Transformer[Token, Fields]):
         return out
 
     def closing_signal(self, items: list[Token]) -> Fields:
-        return {"kind": Kind.AGENT_SIGNAL, "form": "closing", "pid": int(items[0]),
-                "signal": str(items[1])}
+        return {
+            "kind": Kind.AGENT_SIGNAL,
+            "form": "closing",
+            "pid": int(items[0]),
+            "signal": str(items[1]),
+        }
 
     def death_signal(self, items: list[Any]) -> Fields:
         num = int(items[0])
         return {"kind": Kind.AGENT_SIGNAL, "form": "death", "signal": _signame(num)}
 
     def signal_exception(self, items: list[Token]) -> Fields:
-        return {"kind": Kind.AGENT_SIGNAL, "form": "death", "pid": int(items[1]),
-                "signal": _signame(int(items[2]))}
+        return {
+            "kind": Kind.AGENT_SIGNAL,
+            "form": "death",
+            "pid": int(items[1]),
+            "signal": _signame(int(items[2])),
+        }
 
     def worker_group(self, items: list[Any]) -> Fields:
         state = next(str(i) for i in items if isinstance(i, Token) and i.type == "GROUP_STATE")
@@ -597,11 +663,20 @@ class _ToFields(Transformer[Token, Fields]):
 
     # --- F7
     def store_clients(self, items: list[Token]) -> Fields:
-        return {"kind": Kind.STORE_TIMEOUT, "form": "waiting_for_clients", "timeout_s": int(items[0]),
-                "joined": int(items[1]), "expected": int(items[2])}
+        return {
+            "kind": Kind.STORE_TIMEOUT,
+            "form": "waiting_for_clients",
+            "timeout_s": int(items[0]),
+            "joined": int(items[1]),
+            "expected": int(items[2]),
+        }
 
     def store_barrier(self, items: list[Any]) -> Fields:
-        out: Fields = {"kind": Kind.STORE_TIMEOUT, "form": "store_based_barrier", "message": items[-1]}
+        out: Fields = {
+            "kind": Kind.STORE_TIMEOUT,
+            "form": "store_based_barrier",
+            "message": items[-1],
+        }
         m = re.match(r"on\s*rank\s*:\s*(\d+)", items[-1])
         if m:
             out["rank"] = int(m[1])
@@ -625,9 +700,12 @@ class _ToFields(Transformer[Token, Fields]):
     def unique_id(self, items: list[Any]) -> Fields:
         tail = items[-1]
         m = re.search(r"got error:?\s*(.*)", tail)
-        return {"kind": Kind.STORE_TIMEOUT, "form": "unique_id_exchange",
-                "rank": _ranks(items[0])[0] if _ranks(items[0]) else None,
-                "error": (m[1].strip() or None) if m else None}
+        return {
+            "kind": Kind.STORE_TIMEOUT,
+            "form": "unique_id_exchange",
+            "rank": _ranks(items[0])[0] if _ranks(items[0]) else None,
+            "error": (m[1].strip() or None) if m else None,
+        }
 
     def store_wait(self, items: list[Any]) -> Fields:
         out: Fields = {"kind": Kind.STORE_TIMEOUT, "form": "store_wait", "message": items[-1]}
@@ -652,18 +730,28 @@ class _ToFields(Transformer[Token, Fields]):
     def recv_failed(self, items: list[Any]) -> Fields:
         tail = items[-1] if items and isinstance(items[-1], str) else ""
         m = re.search(r"\)\s*:\s*(.+)$", tail)
-        return {"kind": Kind.SOCKET_ERROR, "form": "recv_failed",
-                "error": m[1].strip() if m else None}
+        return {
+            "kind": Kind.SOCKET_ERROR,
+            "form": "recv_failed",
+            "error": m[1].strip() if m else None,
+        }
 
     def rendezvous(self, items: list[Any]) -> Fields:
         name = str(items[0]).rstrip(": ").rsplit(".", 1)[-1]
-        return {"kind": Kind.RENDEZVOUS_ERROR, "exception_type": name,
-                "message": items[1] if len(items) > 1 else None}
+        return {
+            "kind": Kind.RENDEZVOUS_ERROR,
+            "exception_type": name,
+            "message": items[1] if len(items) > 1 else None,
+        }
 
     # --- F8
     def gloo_timeout(self, items: list[Token]) -> Fields:
-        return {"kind": Kind.GLOO_ERROR, "form": "timeout", "timeout_ms": int(items[1]),
-                "operation": str(items[2])}
+        return {
+            "kind": Kind.GLOO_ERROR,
+            "form": "timeout",
+            "timeout_ms": int(items[1]),
+            "operation": str(items[2]),
+        }
 
     def gloo_closed(self, items: list[Any]) -> Fields:
         return {"kind": Kind.GLOO_ERROR, "form": "connection_closed", "peer": str(items[-1])}
@@ -679,8 +767,12 @@ class _ToFields(Transformer[Token, Fields]):
 
     # --- environment
     def env_deprecated(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.ENV_WARNING, "form": "deprecated", "env_name": str(items[0]),
-                "replacement": str(items[1])}
+        return {
+            "kind": Kind.ENV_WARNING,
+            "form": "deprecated",
+            "env_name": str(items[0]),
+            "replacement": str(items[1]),
+        }
 
     def env_no_effect(self, items: list[Any]) -> Fields:
         return {"kind": Kind.ENV_WARNING, "form": "no_effect", "env_name": str(items[0])}
@@ -712,8 +804,16 @@ def _ranks(token: Any) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", str(token))]
 
 
-_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV",
-            13: "SIGPIPE", 15: "SIGTERM"}
+_SIGNALS = {
+    1: "SIGHUP",
+    2: "SIGINT",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    13: "SIGPIPE",
+    15: "SIGTERM",
+}
 
 
 def _signame(num: int) -> str:
@@ -876,8 +976,24 @@ def _parse_prelude(text: str) -> Fields:
 
 # ----------------------------------------------------------------------------- eras
 
-_VERSIONS = ("1.8", "1.9", "1.10", "1.11", "1.12", "1.13", "2.0", "2.1", "2.2", "2.3", "2.4",
-             "2.5", "2.6", "2.7", "2.8", "2.9")
+_VERSIONS = (
+    "1.8",
+    "1.9",
+    "1.10",
+    "1.11",
+    "1.12",
+    "1.13",
+    "2.0",
+    "2.1",
+    "2.2",
+    "2.3",
+    "2.4",
+    "2.5",
+    "2.6",
+    "2.7",
+    "2.8",
+    "2.9",
+)
 _INDEX = {v: i for i, v in enumerate(_VERSIONS)}
 
 
@@ -891,7 +1007,9 @@ def era_of(line: Line, constraints: Iterable[tuple[str, str]]) -> str | None:
         cons.append(("", "2.3"))
     elif header.startswith("[") and re.match(r"\[[FEWIV]\d", header):
         cons.append(("2.4", ""))
-    if any(p.kind == "rank" or (p.kind == "tee" and p.text.startswith("[rank")) for p in line.prefixes):
+    if any(
+        p.kind == "rank" or (p.kind == "tee" and p.text.startswith("[rank")) for p in line.prefixes
+    ):
         cons.append(("2.2", ""))
     for a, b in cons:
         new_lo = _INDEX[a] if a else 0
@@ -992,7 +1110,11 @@ class _Parser:
         if kind == Kind.CHILD_FAILED and fields.get("form") in ("root_cause", "failures"):
             self._child_block(start_line, fields, [_decode(r) for r in cand.after], cand.lineno)
             return
-        if kind == Kind.NCCL_ERROR and fields.get("form") == "last_error" and not fields.get("last_error"):
+        if (
+            kind == Kind.NCCL_ERROR
+            and fields.get("form") == "last_error"
+            and not fields.get("last_error")
+        ):
             value = peel(Line(self.source, cand.lineno + 1, _decode(cand.after[0]))).message
             if cand.after and value.strip():
                 fields["last_error"] = normalize(value)
@@ -1032,7 +1154,9 @@ class _Parser:
             text = raw.strip()
             if not text:
                 break
-            if re.fullmatch(r"[=\-*]{5,}", text) or re.match(r"(?:Other\s+)?Failures:|Root Cause", text):
+            if re.fullmatch(r"[=\-*]{5,}", text) or re.match(
+                r"(?:Other\s+)?Failures:|Root Cause", text
+            ):
                 break
             used = offset
             if re.fullmatch(r"\[\d+\]:", text):
@@ -1047,7 +1171,9 @@ class _Parser:
                 continue
             if record is None:
                 record, record_line = {}, lineno + offset
-            record.update({k: v for k, v in fields.items() if k != "kind" and not k.startswith("_")})
+            record.update(
+                {k: v for k, v in fields.items() if k != "kind" and not k.startswith("_")}
+            )
         if record:
             self._add_child(line, record, role, record_line)
         self.consumed_until = max(self.consumed_until, lineno + used)
@@ -1105,9 +1231,23 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
         repeats = int(m[1])
     kind = str(f.pop("kind"))
     core: dict[str, Any] = {}
-    for name in ("pg", "pg_guid", "pg_desc", "pg_rank", "seq", "op_type", "numel_in", "numel_out",
-                 "tensor_shape", "timeout_ms", "ran_for_ms", "last_enqueued", "last_started",
-                 "last_completed", "form"):
+    for name in (
+        "pg",
+        "pg_guid",
+        "pg_desc",
+        "pg_rank",
+        "seq",
+        "op_type",
+        "numel_in",
+        "numel_out",
+        "tensor_shape",
+        "timeout_ms",
+        "ran_for_ms",
+        "last_enqueued",
+        "last_started",
+        "last_completed",
+        "form",
+    ):
         if name in f:
             core[name] = f.pop(name)
     rank = f.pop("rank", None)
@@ -1149,12 +1289,40 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
 # ----------------------------------------------------------------------------- deduplication
 
 
-_MERGE_FIELDS = ("pg", "pg_guid", "pg_desc", "pg_rank", "seq", "op_type", "numel_in", "numel_out",
-                 "tensor_shape", "timeout_ms", "ran_for_ms", "last_enqueued", "last_started",
-                 "last_completed", "host", "pid", "local_rank", "time", "ts")
-_FORM_RANK = {"watchdog": 0, "blocking_wait": 1, "caught": 2, "thread_death": 3, "aborted": 4,
-              "what": 5, "timeout_at": 6, "exception_detected": 6, "failure_detected": 6,
-              "dump_signal": 7, "damaged": 8}
+_MERGE_FIELDS = (
+    "pg",
+    "pg_guid",
+    "pg_desc",
+    "pg_rank",
+    "seq",
+    "op_type",
+    "numel_in",
+    "numel_out",
+    "tensor_shape",
+    "timeout_ms",
+    "ran_for_ms",
+    "last_enqueued",
+    "last_started",
+    "last_completed",
+    "host",
+    "pid",
+    "local_rank",
+    "time",
+    "ts",
+)
+_FORM_RANK = {
+    "watchdog": 0,
+    "blocking_wait": 1,
+    "caught": 2,
+    "thread_death": 3,
+    "aborted": 4,
+    "what": 5,
+    "timeout_at": 6,
+    "exception_detected": 6,
+    "failure_detected": 6,
+    "dump_signal": 7,
+    "damaged": 8,
+}
 _MASK = re.compile(r"\d+")
 
 
@@ -1172,8 +1340,14 @@ class Deduper:
         if ev.kind in (Kind.WATCHDOG_TIMEOUT, Kind.WATCHDOG_STATUS):
             self._add_timeout(ev)
             return
-        key: tuple[Any, ...] = (ev.kind, ev.rank, ev.pg_rank, ev.detail.get("form"), ev.form,
-               _MASK.sub("#", _strip_header(ev.text)))
+        key: tuple[Any, ...] = (
+            ev.kind,
+            ev.rank,
+            ev.pg_rank,
+            ev.detail.get("form"),
+            ev.form,
+            _MASK.sub("#", _strip_header(ev.text)),
+        )
         if ev.kind == Kind.CHILD_FAILED:
             key = (ev.kind, ev.rank, ev.form, ev.detail.get("exit_code"), ev.pid)
         same = self._others.get(key)
@@ -1243,7 +1417,9 @@ def _merge_timeout(into: Event, ev: Event) -> None:
             setattr(into, name, getattr(ev, name))
     if into.rank is None:
         into.rank = ev.rank
-    if into.partial and all(getattr(into, n) is not None for n in ("op_type", "timeout_ms", "ran_for_ms")):
+    if into.partial and all(
+        getattr(into, n) is not None for n in ("op_type", "timeout_ms", "ran_for_ms")
+    ):
         into.partial = False
     into.repeats = max(into.repeats, ev.repeats)
     if ev.pytorch_era and (into.pytorch_era is None or len(ev.pytorch_era) < len(into.pytorch_era)):
@@ -1289,4 +1465,3 @@ def parse_text(text: str, source: str = "<text>") -> ParseResult:
     result.lines = stats.get("lines", 0)
     result.bytes = stats.get("bytes", 0)
     return result
-

@@ -179,7 +179,9 @@ def compile_anchors(anchors: tuple[str, ...]) -> Any:
     options.never_capture = True
     literals = sorted({a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=len, reverse=True)
     regexes = [a[len(REGEX_PREFIX) :] for a in dict.fromkeys(anchors) if a.startswith(REGEX_PREFIX)]
-    parts = [re2.escape(a.encode()) for a in literals] + [b"(?:" + r.encode() + b")" for r in regexes]
+    parts = [re2.escape(a.encode()) for a in literals] + [
+        b"(?:" + r.encode() + b")" for r in regexes
+    ]
     return re2.compile(b"|".join(parts), options)
 
 
