@@ -201,6 +201,7 @@ class Pattern:
     name: str
     regex: str
     anchors: tuple[str, ...] = ()  # literals that every match contains, for the chunk scan
+    on_message: bool = False  # the regex reads the message (prefixes peeled), not the whole line
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,7 @@ class Signal:
     patterns: tuple[Pattern, ...]
     ignore_case: bool
     source: Location
+    exclude: tuple[str, ...] = ()  # near-misses: a line matching one is not this signal
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from nccl_triage.model import (
 CAUSES = (
     "slow_checkpoint_save",
     "oom_hidden",
+    "rank_crashed",
     "generate_zero3",
     "network_interface_misconfig",
     "network_fabric_failure",
@@ -230,6 +231,12 @@ SHAPES: dict[str, Shape] = {
                     default=False,
                 ),
                 Key("patterns", "patterns", "the patterns, each a regex or a mapping", True),
+                Key(
+                    "exclude",
+                    "strings",
+                    "RE2 regexes of near-misses: a line matching one is not this signal "
+                    "(loading is not saving)",
+                ),
             ),
         ),
         Shape(
@@ -242,6 +249,14 @@ SHAPES: dict[str, Shape] = {
                     "anchors",
                     "strings",
                     "literal phrases every match contains; only lines holding one are tried",
+                ),
+                Key(
+                    "target",
+                    "choice",
+                    "what the regex reads: the whole line, or the message after the prefixes "
+                    "(ranks, timestamps, launchers) are peeled, so ^ anchors at its start",
+                    values=("line", "message"),
+                    default="line",
                 ),
             ),
         ),
@@ -592,11 +607,39 @@ def _load_signal(path: Path) -> tuple[Signal | None, list[str]]:
         ):
             check.add(check.line_of(item, "anchors"), f"{what}'anchors' must be a list of strings")
             anchors = ()
-        patterns.append(Pattern(str(item.get("name") or f"{sid}-{i}"), regex, tuple(anchors)))
+        on = item.get("target", "line")
+        if on not in ("line", "message"):
+            check.add(check.line_of(item, "target"), f"{what}'target' must be 'line' or 'message'")
+        elif on == "message" and not anchors:
+            check.add(
+                check.line_of(item, "target"),
+                f"{what}a pattern on the message needs 'anchors' (the scan reads whole lines)",
+            )
+        patterns.append(
+            Pattern(str(item.get("name") or f"{sid}-{i}"), regex, tuple(anchors), on == "message")
+        )
+    exclude = data.get("exclude", ())
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    if not isinstance(exclude, list | tuple) or not all(isinstance(x, str) for x in exclude):
+        check.add(check.line_of(data, "exclude"), "'exclude' must be a list of regex strings")
+        exclude = ()
+    for j, regex in enumerate(exclude):
+        err = compile_error(regex, ignore_case)
+        if err:
+            check.add(
+                check.line_of(data, "exclude"),
+                f"exclude[{j}]: regex does not compile under RE2: {err}",
+            )
     if check.problems or sid is None:
         return None, check.problems
     return Signal(
-        sid, description, tuple(patterns), ignore_case, Location(str(path), data.line)
+        sid,
+        description,
+        tuple(patterns),
+        ignore_case,
+        Location(str(path), data.line),
+        tuple(exclude),
     ), []
 
 

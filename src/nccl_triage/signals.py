@@ -25,6 +25,8 @@ class _Compiled:
     signal_id: str
     name: str
     regex: Any
+    on_message: bool
+    exclude: Any  # one RE2 alternation of the signal's near-misses, or None
 
 
 @cache
@@ -33,7 +35,13 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
     for sig in signals:
         options = re2.Options()
         options.case_sensitive = not sig.ignore_case
-        out.extend(_Compiled(sig.id, p.name, re2.compile(p.regex, options)) for p in sig.patterns)
+        exclude = (
+            re2.compile("|".join(f"(?:{x})" for x in sig.exclude), options) if sig.exclude else None
+        )
+        out.extend(
+            _Compiled(sig.id, p.name, re2.compile(p.regex, options), p.on_message, exclude)
+            for p in sig.patterns
+        )
     return tuple(out)
 
 
@@ -73,10 +81,12 @@ class SignalClassifier:
         for pat in self._patterns:
             if pat.signal_id in seen:
                 continue
-            m = pat.regex.search(text)
+            m = pat.regex.search(line.message if pat.on_message else text)
             if m is None:
                 continue
             seen.add(pat.signal_id)
+            if pat.exclude is not None and pat.exclude.search(text):
+                continue
             key = (pat.signal_id, line.rank, pat.name)
             run = self._open.get(key)
             if (
