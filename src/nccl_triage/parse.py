@@ -1115,8 +1115,12 @@ class _Parser:
             and fields.get("form") == "last_error"
             and not fields.get("last_error")
         ):
-            value = peel(Line(self.source, cand.lineno + 1, _decode(cand.after[0]))).message
-            if cand.after and value.strip():
+            value = (
+                peel(Line(self.source, cand.lineno + 1, _decode(cand.after[0]))).message
+                if cand.after
+                else ""
+            )
+            if value.strip():
                 fields["last_error"] = normalize(value)
                 self.consumed_until = max(self.consumed_until, cand.lineno + 1)
         if kind == "child_field":
