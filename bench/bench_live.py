@@ -312,8 +312,8 @@ def bench_analysis_memory(log: Path) -> dict:
     """Every byte analysed in-process (no dropping): time and peak RSS of the analysis."""
     code = f"""
 import os, resource, sys, time
-from nccl_triage.live import LiveTriage
-from nccl_triage.ruleset import load_ruleset
+from nccl_triage.live.core import LiveTriage
+from nccl_triage.ruleset.core import load_ruleset
 rs = load_ruleset()
 reports = []
 live = LiveTriage("<stdin>", rs, lambda r, s: reports.append(r.verdict))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time ``nccl-triage parse`` against ``grep -c -F -f KEYWORDS`` on the same big log.
 
-KEYWORDS is written from ``nccl_triage.prefilter.ANCHORS``: grep looks for exactly the phrases
+KEYWORDS is written from ``nccl_triage.ingest.scan.ANCHORS``: grep looks for exactly the phrases
 that the tool's candidate scan looks for, so grep's time is the floor of a line-oriented search
 with the same keyword list. For each log both commands run ``--repeat`` times (interleaved); the
 best time counts. Peak RSS is each child's own ``ru_maxrss`` (``os.wait4``).
@@ -78,7 +78,7 @@ def tool_command() -> list[str]:
 
 
 def write_keywords(path: Path) -> None:
-    from nccl_triage.prefilter import ANCHORS
+    from nccl_triage.ingest.scan import ANCHORS
 
     path.write_text("".join(a + "\n" for a in ANCHORS), encoding="utf-8")
 
@@ -137,9 +137,9 @@ def measure(path: Path, keywords: Path, repeat: int) -> Row:
 
 def breakdown(path: Path) -> str:
     """Where the tool's time goes, measured in this process (scan alone, parse, grammar build)."""
-    from nccl_triage import parse as parse_mod
-    from nccl_triage.prefilter import scan
-    from nccl_triage.reader import iter_chunks, open_binary
+    from nccl_triage.ingest.reader import iter_chunks, open_binary
+    from nccl_triage.ingest.scan import scan
+    from nccl_triage.parse import core as parse_mod
 
     start = time.perf_counter()
     parse_mod.parser.cache_clear()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from nccl_triage.anatomy import peel, to_seconds
 from nccl_triage.model import Line
+from nccl_triage.parse.anatomy import peel, to_seconds
 
 MSG = "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(...)"
 C10 = "[E1022 10:11:12.123456789 ProcessGroupNCCL.cpp:1664] "

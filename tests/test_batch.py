@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner, Result
 
-from nccl_triage import batch as b
-from nccl_triage.api import triage_path
+from nccl_triage.batch import core as b
 from nccl_triage.cli import main
-from nccl_triage.ruleset import load_ruleset
+from nccl_triage.pipeline import triage_path
+from nccl_triage.ruleset.core import load_ruleset
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 LORA = FIXTURES / "lora-oom-hidden-by-timeout.log"
@@ -329,7 +329,7 @@ def test_out_writes_csv_jsonl_and_parquet(tmp_path: Path) -> None:
 def test_parquet_without_pyarrow_is_a_one_line_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nccl_triage import cli_batch
+    from nccl_triage.cli import batch as cli_batch
 
     monkeypatch.setattr(cli_batch, "_have", lambda name: name != "pyarrow")
     result = invoke(["batch", str(FIXTURES), "--out", str(tmp_path / "t.parquet")], 2)

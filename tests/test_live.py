@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from conftest import CORPUS, FIXTURES, corpus_available
-from nccl_triage.api import Report, scan_patterns, triage_path, triage_text
-from nccl_triage.live import (
+from nccl_triage.ingest.scan import LOOKAHEAD, MAX_LINE, Candidate, scan
+from nccl_triage.live.core import (
     LONG_LINE,
     AnalyserConfig,
     FrameReader,
@@ -37,8 +37,8 @@ from nccl_triage.live import (
     ReportSink,
     encode_frame,
 )
-from nccl_triage.prefilter import LOOKAHEAD, MAX_LINE, Candidate, scan
-from nccl_triage.ruleset import Ruleset, load_ruleset
+from nccl_triage.pipeline import Report, scan_patterns, triage_path, triage_text
+from nccl_triage.ruleset.core import Ruleset, load_ruleset
 
 CLI = [sys.executable, "-m", "nccl_triage"]
 LORA = FIXTURES / "lora-oom-hidden-by-timeout.log"

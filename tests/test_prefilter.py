@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nccl_triage import prefilter
-from nccl_triage.prefilter import ANCHORS, Candidate, scan
+from nccl_triage.ingest import scan as prefilter
+from nccl_triage.ingest.scan import ANCHORS, Candidate, scan
 
 # ----------------------------------------------------------------------------- reference
 

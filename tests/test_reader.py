@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nccl_triage.errors import InputError
-from nccl_triage.parse import ParseResult, parse_candidates, parse_path
-from nccl_triage.prefilter import scan
-from nccl_triage.reader import iter_lines, lines_from_bytes, segments, strip_ansi
+from nccl_triage.ingest.reader import iter_lines, lines_from_bytes, segments, strip_ansi
+from nccl_triage.ingest.scan import scan
+from nccl_triage.parse.core import ParseResult, parse_candidates, parse_path
 
 LOG = Path(__file__).parent / "data" / "two-ranks-allreduce-timeout.log"
 

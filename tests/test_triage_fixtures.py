@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from nccl_triage.api import triage_path
-from nccl_triage.render import render_advice, report_json
-from nccl_triage.ruleset import load_ruleset
+from nccl_triage.pipeline import triage_path
+from nccl_triage.render.core import render_advice, report_json
+from nccl_triage.ruleset.core import load_ruleset
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 RULESET = load_ruleset()
@@ -64,7 +64,7 @@ def test_json_report_follows_the_spec() -> None:
 
 
 def test_signal_patterns_without_anchors_or_ignoring_case_fire(tmp_path: Path) -> None:
-    from nccl_triage.api import triage_text
+    from nccl_triage.pipeline import triage_text
 
     (tmp_path / "signals").mkdir()
     (tmp_path / "signals" / "uploader.yaml").write_text(

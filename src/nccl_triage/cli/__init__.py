@@ -23,7 +23,7 @@ from nccl_triage.errors import TriageError
 from nccl_triage.model import Event, Kind
 
 if TYPE_CHECKING:  # the grammar (lark) is imported only by the commands that parse
-    from nccl_triage.parse import ParseResult
+    from nccl_triage.parse.core import ParseResult
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -51,10 +51,10 @@ def rule_source_options(func: Callable[..., Any]) -> Callable[..., Any]:
 # Commands that live in their own modules, imported only when used (so that piping into
 # ``watch`` never pays for pandas, and ``--help`` stays fast).
 _LAZY_COMMANDS = {
-    "watch": "nccl_triage.cli_live:watch",
-    "run": "nccl_triage.cli_live:run",
-    "batch": "nccl_triage.cli_batch:batch",
-    "rules": "nccl_triage.cli_rules:rules",
+    "watch": "nccl_triage.cli.live:watch",
+    "run": "nccl_triage.cli.live:run",
+    "batch": "nccl_triage.cli.batch:batch",
+    "rules": "nccl_triage.cli.rules:rules",
 }
 
 
@@ -104,7 +104,7 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     with _quiet_broken_pipe():
         for path in logs:
             try:
-                from nccl_triage.parse import parse_path
+                from nccl_triage.parse.core import parse_path
 
                 result = parse_path(path)
             except TriageError as exc:
@@ -153,9 +153,9 @@ def triage(
     color: bool | None,
 ) -> None:
     """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
-    from nccl_triage.api import triage_path
-    from nccl_triage.render import render_json_line, render_markdown, render_text
-    from nccl_triage.ruleset import load_ruleset
+    from nccl_triage.pipeline import triage_path
+    from nccl_triage.render.core import render_json_line, render_markdown, render_text
+    from nccl_triage.ruleset.core import load_ruleset
 
     try:
         ruleset = load_ruleset(rule_dirs, only=only, disable=disable)

@@ -18,9 +18,10 @@ from typing import Any
 
 import re2
 
+from nccl_triage.authoring.examples import ExampleResult, run_example
 from nccl_triage.errors import TemplateError, TriageError
 from nccl_triage.model import Clause, Condition, Rule, Signal
-from nccl_triage.ruleset import (
+from nccl_triage.ruleset.core import (
     CAUSES,
     EVENT_KINDS,
     FACT_NAMES,
@@ -35,7 +36,6 @@ from nccl_triage.ruleset import (
     load_yaml,
     source_dirs,
 )
-from nccl_triage.testing import ExampleResult, run_example
 
 SCHEMA_COMMAND = "nccl-triage rules schema > docs/rule-schema.json"
 REFERENCE_COMMAND = "nccl-triage rules list --format md > docs/rules.md"
@@ -226,8 +226,8 @@ def _lint_rule(rule: Rule, ruleset: Ruleset) -> list[str]:
 
 def _lint_signals(sel: Selection) -> list[str]:
     """Signal patterns must be reachable: the candidate scan only reads lines holding an anchor."""
-    from nccl_triage.api import scan_patterns
-    from nccl_triage.prefilter import compile_anchors
+    from nccl_triage.ingest.scan import compile_anchors
+    from nccl_triage.pipeline import scan_patterns
 
     scan = compile_anchors(scan_patterns(sel.ruleset))
     out: list[str] = []
@@ -351,8 +351,8 @@ def corpus_hits(ruleset: Ruleset, rules: Sequence[Rule], corpus: str | Path) -> 
     Every rule of the ruleset is evaluated, as in real use; ``top rule`` is the diagnosis that
     comes first for that log, so an author sees when their rule would be a false positive.
     """
-    from nccl_triage.api import triage_path
-    from nccl_triage.engine import correlate
+    from nccl_triage.diagnose.engine import correlate
+    from nccl_triage.pipeline import triage_path
 
     root = Path(corpus)
     if not root.is_dir():

@@ -20,7 +20,7 @@ from typing import Any
 
 import re2
 
-from nccl_triage.reader import CHUNK_SIZE
+from nccl_triage.ingest.reader import CHUNK_SIZE
 
 # Literal phrases that start (or survive the hard-wrapping of) every message family of the
 # format reference. A line holding none of them never reaches the grammar. Several phrases

@@ -23,8 +23,8 @@ from typing import Any
 import re2
 import yaml
 
+from nccl_triage.diagnose.facts import JobFacts
 from nccl_triage.errors import RuleError
-from nccl_triage.facts import JobFacts
 from nccl_triage.model import (
     Clause,
     Condition,
@@ -399,7 +399,7 @@ class Ruleset:
 
 def builtin_dirs() -> tuple[Path, Path]:
     """Return the built-in rules and templates directories (source tree or installed wheel)."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     data = here / "_data"
     if (data / "rules").is_dir():
         return data / "rules", data / "templates"
@@ -915,7 +915,7 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
 def _resolve_example(rule_path: Path, file: str) -> Path | None:
     """Find an example file: relative to the rule, its parents, or the bundled examples."""
     candidates = [rule_path.parent / file, rule_path.parent.parent / file]
-    data = Path(__file__).resolve().parent / "_data"
+    data = Path(__file__).resolve().parent.parent / "_data"
     candidates.append(data / "examples" / Path(file).name)
     for c in candidates:
         if c.is_file():

@@ -242,7 +242,7 @@ def iter_lines(path: str, stdin: IO[bytes] | None = None) -> Iterator[Line]:
     """Yield every segment of every physical line of an input as a :class:`Line`.
 
     This is the slow path (one Python object per line), for small inputs and tests; the
-    pipeline uses :func:`nccl_triage.prefilter.scan` to touch only candidate lines.
+    pipeline uses :func:`nccl_triage.ingest.scan.scan` to touch only candidate lines.
     """
     name = display_name(path)
     with open_binary(path, stdin) as fh:

@@ -1,6 +1,6 @@
 """Candidate lines to events: Lark grammar, wrapped-line joining, salvage and deduplication.
 
-Input: :class:`~nccl_triage.prefilter.Candidate` lines of one input. Output: :class:`Event`
+Input: :class:`~nccl_triage.ingest.scan.Candidate` lines of one input. Output: :class:`Event`
 objects, one per distinct occurrence (the same timeout seen in a watchdog line, a status line
 and a ``what():`` line is one event whose other lines are kept as ``occurrences``), and the
 candidate lines the grammar could not read (``unparsed``).
@@ -20,10 +20,10 @@ from typing import Any
 from lark import Lark, Token, Transformer
 from lark.exceptions import LarkError, VisitError
 
-from nccl_triage.anatomy import peel
+from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
+from nccl_triage.ingest.scan import ANCHORS, Candidate, scan
 from nccl_triage.model import Event, Kind, Line, Occurrence
-from nccl_triage.prefilter import ANCHORS, Candidate, scan
-from nccl_triage.reader import display_name, iter_chunks, open_binary, segments
+from nccl_triage.parse.anatomy import peel
 
 Fields = dict[str, Any]
 
@@ -34,7 +34,7 @@ MAX_UNPARSED = 10_000
 @cache
 def parser() -> Lark:
     """Return the grammar's LALR parser (built once per process)."""
-    text = resources.files("nccl_triage.grammar").joinpath("nccl.lark").read_text("utf-8")
+    text = resources.files("nccl_triage.parse.grammar").joinpath("nccl.lark").read_text("utf-8")
     return Lark(text, parser="lalr", lexer="contextual", maybe_placeholders=False)
 
 

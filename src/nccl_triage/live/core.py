@@ -2,7 +2,7 @@
 
 Input: a byte stream (``watch``: standard input) or a command's stdout and stderr (``run``).
 Output: every byte, unchanged and at once, on the same descriptor it would have gone to; and
-diagnoses (the reports of :mod:`nccl_triage.render`) on stderr or in a report file, as soon as
+diagnoses (the reports of :mod:`nccl_triage.render.core`) on stderr or in a report file, as soon as
 the evidence is in, updated when the picture changes, and once more at the end.
 
 Two processes, so that pass-through never depends on parsing:
@@ -15,7 +15,7 @@ Two processes, so that pass-through never depends on parsing:
   for the analyser.
 * the **analyser** (a child process, niced, ignoring Ctrl-C) runs the same pipeline as
   ``triage``: an incremental candidate scan (:class:`LiveScanner`), the grammar and signals
-  (:class:`nccl_triage.api.Triage`), and :class:`LiveTriage` deciding when to report.
+  (:class:`nccl_triage.pipeline.Triage`), and :class:`LiveTriage` deciding when to report.
 
 A thread would not do for the analyser: parsing holds the GIL, and a pump waiting up to the
 interpreter's switch interval (5 ms) for it twice per 64 KiB read copies a few MB/s at best.
@@ -45,12 +45,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from nccl_triage.prefilter import ANCHORS, LOOKAHEAD, LOOKBEHIND, MAX_LINE, Candidate
-from nccl_triage.prefilter import compile_anchors as _compile_anchors
+from nccl_triage.ingest.scan import ANCHORS, LOOKAHEAD, LOOKBEHIND, MAX_LINE, Candidate
+from nccl_triage.ingest.scan import compile_anchors as _compile_anchors
 
 if TYPE_CHECKING:
-    from nccl_triage.api import Report, Triage
-    from nccl_triage.ruleset import Ruleset
+    from nccl_triage.pipeline import Report, Triage
+    from nccl_triage.ruleset.core import Ruleset
 
 # ----------------------------------------------------------------------------- tuning
 
@@ -130,7 +130,7 @@ def _lines_from(buf: bytes, pos: int, n: int) -> list[bytes]:
 
 
 class LiveScanner:
-    """The candidate scan of :func:`nccl_triage.prefilter.scan`, fed chunk by chunk.
+    """The candidate scan of :func:`nccl_triage.ingest.scan.scan`, fed chunk by chunk.
 
     Yields the same :class:`Candidate` objects (line number, clipped line, ``LOOKBEHIND`` lines
     before, ``LOOKAHEAD`` lines after) as the batch scan does over the same bytes, however they
@@ -361,7 +361,7 @@ class LiveTriage:
         window: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from nccl_triage.api import Triage, scan_patterns
+        from nccl_triage.pipeline import Triage, scan_patterns
 
         self.triage: Triage = Triage(source, ruleset)
         self.scanner = LiveScanner(scan_patterns(ruleset))
@@ -454,7 +454,7 @@ class LiveTriage:
             self._differs_since = now
 
     def _note_failures(self, report: Report) -> None:
-        from nccl_triage.engine import FAILURE_KINDS
+        from nccl_triage.diagnose.engine import FAILURE_KINDS
 
         lines = sorted({e.line for e in report.events if e.kind in FAILURE_KINDS})
         self._failure_lines = lines
@@ -695,7 +695,7 @@ def start_analyser(config: AnalyserConfig) -> AnalyserLink | None:
     It inherits standard error (for its reports) and ignores Ctrl-C: the pump decides when the
     input ends, and the analyser then makes its final report.
     """
-    code = "import sys; from nccl_triage.live import analyser_main; sys.exit(analyser_main())"
+    code = "import sys; from nccl_triage.live.core import analyser_main; sys.exit(analyser_main())"
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec: ignored
     try:
         proc = subprocess.Popen(
@@ -769,7 +769,7 @@ class ReportSink:
 
     def render(self, report: Report, status: LiveStatus) -> str:
         """The report in the configured format, with its live status."""
-        from nccl_triage.render import render_markdown, render_text, report_json
+        from nccl_triage.render.core import render_markdown, render_text, report_json
 
         fmt = self._config.fmt
         if fmt == "json":
@@ -809,7 +809,7 @@ class ReportSink:
 
     def summary(self, report: Report) -> str:
         """Verdict, the summary line and the causes found, without evidence and advice."""
-        from nccl_triage.render import render_text
+        from nccl_triage.render.core import render_text
 
         lines = render_text(report, self._dirs, color=self._config.color).splitlines()[:2]
         for i, f in enumerate(report.findings, 1):
@@ -844,7 +844,7 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config = AnalyserConfig.from_json(args[0])
     from nccl_triage.errors import TriageError
-    from nccl_triage.ruleset import load_ruleset
+    from nccl_triage.ruleset.core import load_ruleset
 
     try:
         ruleset = load_ruleset(config.rules, only=config.only, disable=config.disable)
@@ -888,8 +888,8 @@ def warm_up(ruleset: Ruleset, sink: ReportSink) -> None:
     The first timeout line would otherwise pay ~0.2 s for the LALR tables, and the first
     report for Jinja, out of the one second a diagnosis has to appear.
     """
-    from nccl_triage.api import triage_text
     from nccl_triage.errors import TriageError
+    from nccl_triage.pipeline import triage_text
 
     with contextlib.suppress(TriageError):  # a broken template is said at the first report
         report = triage_text(_WARM_UP_LOG, ruleset, source="<warm-up>")

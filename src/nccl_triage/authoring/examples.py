@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nccl_triage.api import triage_path, triage_text
 from nccl_triage.model import Example, Rule
-from nccl_triage.render import render_advice
-from nccl_triage.ruleset import Ruleset
+from nccl_triage.pipeline import triage_path, triage_text
+from nccl_triage.render.core import render_advice
+from nccl_triage.ruleset.core import Ruleset
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import re2
 
-from nccl_triage.facts import JobFacts
+from nccl_triage.diagnose.facts import JobFacts
 from nccl_triage.model import Clause, Condition, Event, Finding, Kind, Rule
 
 # ``match: {event: failure}`` triggers on any of these: the ways a job fails in NCCL.

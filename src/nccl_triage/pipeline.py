@@ -2,7 +2,7 @@
 
 Input: a path (``-`` for stdin, compressed or not) or a string, and a :class:`Ruleset`.
 Output: a :class:`Report`: verdict, ordered findings, events, job facts. Rendering is left to
-:mod:`nccl_triage.render`, so batch runs can skip it.
+:mod:`nccl_triage.render.core`, so batch runs can skip it.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from nccl_triage.anatomy import peel
-from nccl_triage.engine import FAILURE_KINDS, Correlation, correlate
-from nccl_triage.facts import JobFacts, compute_facts
+from nccl_triage.diagnose.engine import FAILURE_KINDS, Correlation, correlate
+from nccl_triage.diagnose.facts import JobFacts, compute_facts
+from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
+from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
+from nccl_triage.ingest.scan import ANCHORS, Candidate, regex_anchor, scan
 from nccl_triage.model import Event, Finding, Kind, Line
-from nccl_triage.parse import Unparsed, _Parser
-from nccl_triage.prefilter import ANCHORS, Candidate, regex_anchor, scan
-from nccl_triage.reader import display_name, iter_chunks, open_binary, segments
-from nccl_triage.ruleset import Ruleset
-from nccl_triage.signals import SignalClassifier, scan_anchors
+from nccl_triage.parse.anatomy import peel
+from nccl_triage.parse.core import Unparsed, _Parser
+from nccl_triage.ruleset.core import Ruleset
 
 SCHEMA = "nccl-triage/1"
 
@@ -152,12 +152,12 @@ def triage_job(paths: list[str], ruleset: Ruleset, name: str | None = None) -> R
 
     Line numbers stay per file (every event keeps its ``source``); context windows in lines
     apply within a file, and across files the seconds window applies when both lines carry a
-    time (see :mod:`nccl_triage.engine`).
+    time (see :mod:`nccl_triage.diagnose.engine`).
 
     Raises:
         InputError: one of the files cannot be read.
     """
-    from nccl_triage.parse import Deduper
+    from nccl_triage.parse.core import Deduper
 
     dedupe = Deduper()
     signals: list[Event] = []

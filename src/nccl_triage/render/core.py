@@ -19,10 +19,10 @@ import jinja2
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
-from nccl_triage.api import SCHEMA, Report
+from nccl_triage.diagnose.facts import JobFacts
 from nccl_triage.errors import TemplateError
-from nccl_triage.facts import JobFacts
 from nccl_triage.model import Event, Finding, Kind
+from nccl_triage.pipeline import SCHEMA, Report
 
 
 def human_ms(value: Any) -> str:

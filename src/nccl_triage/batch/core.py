@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from nccl_triage import __version__
-from nccl_triage.api import Report, Triage, build_report, scan_patterns
 from nccl_triage.errors import InputError, TemplateError, TriageError
+from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
+from nccl_triage.ingest.scan import scan
 from nccl_triage.model import Event, Finding
-from nccl_triage.prefilter import scan
-from nccl_triage.reader import Reader, iter_chunks, open_binary
-from nccl_triage.ruleset import Ruleset
+from nccl_triage.pipeline import Report, Triage, build_report, scan_patterns
+from nccl_triage.ruleset.core import Ruleset
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -512,7 +512,7 @@ def _job_report(job: Job, ruleset: Ruleset, parts: list[Report]) -> Report:
     if len(parts) == 1:
         p = parts[0]
         return build_report(job.name, ruleset, p.events, p.signals, p.lines, p.unparsed)
-    from nccl_triage.parse import Deduper
+    from nccl_triage.parse.core import Deduper
 
     dedupe = Deduper()
     for p in parts:
@@ -532,7 +532,7 @@ def _result(
     errors: list[list[Any]],
     files_read: int,
 ) -> JobResult:
-    from nccl_triage.render import render_advice
+    from nccl_triage.render.core import render_advice
 
     index = {f.name: i for i, f in enumerate(job.files)}
     facts = report.facts
@@ -596,7 +596,7 @@ def _clip(text: str) -> str:
 
 
 def _first_failure(report: Report) -> Event | None:
-    from nccl_triage.engine import FAILURE_KINDS
+    from nccl_triage.diagnose.engine import FAILURE_KINDS
 
     return next((e for e in report.events if e.kind in FAILURE_KINDS), None)
 
@@ -669,7 +669,7 @@ _worker_ruleset: Ruleset | None = None
 
 def _init_worker(ruleset: Ruleset) -> None:
     global _worker_ruleset
-    from nccl_triage.parse import parser
+    from nccl_triage.parse.core import parser
 
     _worker_ruleset = ruleset
     parser()  # build the grammar once per process, before the first job
@@ -724,11 +724,11 @@ def run_processes(
 
     context = multiprocessing.get_context(_start_method())
     if context.get_start_method() == "fork":
-        from nccl_triage.parse import parser
+        from nccl_triage.parse.core import parser
 
         parser()  # built once here, inherited by every worker
     elif context.get_start_method() == "forkserver":
-        context.set_forkserver_preload(["nccl_triage.batch"])
+        context.set_forkserver_preload(["nccl_triage.batch.core"])
     done = 0
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_init_worker, initargs=(ruleset,)
@@ -859,16 +859,17 @@ def default_db() -> Path:
 
 # Modules that cannot change a job's result: the command line, live watching, rule tests.
 # Everything else (a new module too) counts, so a change errs towards triaging again.
-_NOT_IN_RESULTS = ("cli*.py", "__main__.py", "live.py", "testing.py")
+_NOT_IN_RESULTS = ("cli/*", "__main__.py", "live/*", "authoring/*")
 
 
 def code_version() -> str:
     """A digest of the code and grammar behind a result: results of another version are stale."""
     h = hashlib.sha256(__version__.encode())
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     for p in sorted([*here.rglob("*.py"), *here.rglob("*.lark")]):
-        if "_data" not in p.parts and not any(fnmatch.fnmatch(p.name, g) for g in _NOT_IN_RESULTS):
-            h.update(p.relative_to(here).as_posix().encode())
+        rel = p.relative_to(here).as_posix()
+        if "_data" not in p.parts and not any(fnmatch.fnmatch(rel, g) for g in _NOT_IN_RESULTS):
+            h.update(rel.encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
@@ -1360,7 +1361,7 @@ def _cell(col: str, value: Any, width: int) -> str:
     if col == "confidence":
         return f"{float(value):.2f}"
     if col == "timeout_ms":
-        from nccl_triage.render import human_ms
+        from nccl_triage.render.core import human_ms
 
         return human_ms(value)
     if col == "first_time":

@@ -5,7 +5,7 @@ Output: the job table on stdout (or ``--out FILE``), the summary on stdout, ``--
 one warning on stderr per input that could not be read, a progress bar on a terminal, and the
 exit status of ``spec/json-output.md``: 0 when every job read is clean, 1 when a failure was
 diagnosed, 2 for a usage error or when no input could be read at all. The work is done by
-:mod:`nccl_triage.batch`, imported only when the command runs.
+:mod:`nccl_triage.batch.core`, imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def batch(
     gs://, file://). Results are cached by content, so a rerun over a growing archive only
     triages what is new or changed.
     """
-    from nccl_triage import batch as b
-    from nccl_triage.ruleset import load_ruleset
+    from nccl_triage.batch import core as b
+    from nccl_triage.ruleset.core import load_ruleset
 
     if scheduler and engine != "dask":
         _usage("--scheduler needs --engine dask")
