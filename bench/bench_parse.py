@@ -78,7 +78,7 @@ def tool_command() -> list[str]:
 
 
 def write_keywords(path: Path) -> None:
-    from nccl_triage.ingest.scan import ANCHORS
+    from nccl_triage.ingest.anchors import ANCHORS
 
     path.write_text("".join(a + "\n" for a in ANCHORS), encoding="utf-8")
 

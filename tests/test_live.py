@@ -26,18 +26,15 @@ from typing import Any
 import pytest
 
 from conftest import CORPUS, FIXTURES, corpus_available
-from nccl_triage.ingest.scan import LOOKAHEAD, MAX_LINE, Candidate, scan
 from nccl_triage.live.core import (
-    LONG_LINE,
     AnalyserConfig,
     FrameReader,
-    LiveScanner,
     LiveStatus,
     LiveTriage,
     ReportSink,
     encode_frame,
 )
-from nccl_triage.pipeline import Report, scan_patterns, triage_path, triage_text
+from nccl_triage.pipeline import Report, triage_path, triage_text
 from nccl_triage.ruleset.core import Ruleset, load_ruleset
 
 CLI = [sys.executable, "-m", "nccl_triage"]
@@ -72,88 +69,6 @@ def chunked(data: bytes, rng: random.Random, biggest: int) -> Iterator[bytes]:
         n = rng.randint(1, biggest)
         yield data[pos : pos + n]
         pos += n
-
-
-# ----------------------------------------------------------------------------- LiveScanner
-
-
-def live_candidates(data: bytes, chunks: Iterator[bytes], anchors: tuple[str, ...]) -> list:
-    scanner = LiveScanner(anchors)
-    out: list[Candidate] = []
-    for chunk in chunks:
-        out += scanner.feed(chunk)
-    out += scanner.close()
-    assert scanner.bytes == len(data)
-    return [out, scanner.lines]
-
-
-@pytest.mark.parametrize("path", all_logs(), ids=lambda p: p.name)
-def test_scanner_gives_the_batch_scans_candidates_however_chunked(
-    path: Path, ruleset: Ruleset
-) -> None:
-    data = path.read_bytes()
-    anchors = scan_patterns(ruleset)
-    stats: dict[str, int] = {}
-    expected = list(scan([data], anchors, stats))
-    rng = random.Random(path.name)
-    for biggest in (1, 7, 300, len(data)):
-        got, lines = live_candidates(data, chunked(data, rng, biggest), anchors)
-        assert got == expected, biggest
-        assert lines == stats["lines"]
-
-
-def test_scanner_unfinished_last_line_and_crlf(ruleset: Ruleset) -> None:
-    data = b"a\r\nb\r\n" + timeout_line(1).replace(b"\n", b"\r\n") + b"tail " + timeout_line(2)[:-1]
-    anchors = scan_patterns(ruleset)
-    stats: dict[str, int] = {}
-    expected = list(scan([data], anchors, stats))
-    got, lines = live_candidates(data, chunked(data, random.Random(1), 5), anchors)
-    assert got == expected and [c.lineno for c in got] == [3, 4]
-    assert lines == stats["lines"] == 4
-
-
-def test_scanner_holds_a_candidate_until_its_lookahead_or_a_flush(ruleset: Ruleset) -> None:
-    scanner = LiveScanner(scan_patterns(ruleset))
-    assert scanner.feed(b"step 1\n" + timeout_line(0) + b"step 2\n", now=10.0) == []
-    assert scanner.oldest_pending == 10.0
-    assert scanner.flush(found_before=9.9) == []
-    [cand] = scanner.flush(found_before=10.0)
-    assert (cand.lineno, cand.before, cand.after) == (2, (b"step 1",), (b"step 2",))
-    assert scanner.oldest_pending is None
-    scanner.feed(timeout_line(1), now=11.0)
-    done = scanner.feed(b"".join(b"x\n" for _ in range(LOOKAHEAD)), now=11.1)
-    assert [c.lineno for c in done] == [4] and len(done[0].after) == LOOKAHEAD
-
-
-def test_scanner_keeps_a_window_of_an_endless_line(ruleset: Ruleset) -> None:
-    scanner = LiveScanner(scan_patterns(ruleset))
-    filler = b"\x00\xff binary garbage " * 4096
-    scanner.feed(b"first\n")
-    sent = 0
-    while sent < 3 * LONG_LINE:
-        scanner.feed(filler)
-        sent += len(filler)
-        assert len(scanner._partial) <= LONG_LINE + len(filler)
-    scanner.feed(timeout_line(5)[:-1])  # the anchor arrives in the same endless line
-    while sent < 6 * LONG_LINE:
-        scanner.feed(filler)
-        sent += len(filler)
-    [cand] = scanner.feed(b"\nafter\n") + scanner.close()
-    assert cand.lineno == 2 and cand.before == (b"first",) and cand.after == (b"after",)
-    assert len(cand.raw) == MAX_LINE and b"Watchdog caught" in cand.raw
-    assert scanner.lines == 3
-
-
-def test_scanner_skip_keeps_line_numbers(ruleset: Ruleset) -> None:
-    scanner = LiveScanner(scan_patterns(ruleset))
-    assert scanner.feed(b"one\n" + timeout_line(0) + b"two\nthree-sta") == []
-    # dropped: "rt\n" + 10 lines + "eleven-sta"; the analyser got the tail
-    held = scanner.skip(3 + 10 * 5 + 10, 11, b"eleven-sta")
-    assert [c.lineno for c in held] == [2] and held[0].after == (b"two", b"three-sta")
-    out = scanner.feed(b"rt\n" + timeout_line(1)) + scanner.close()
-    # one, timeout, two, three..., 10 dropped lines, eleven-start, timeout
-    assert [c.lineno for c in out] == [16]
-    assert out[0].before == (b"eleven-start",)
 
 
 # ----------------------------------------------------------------------------- LiveTriage

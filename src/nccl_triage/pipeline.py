@@ -14,8 +14,9 @@ from typing import IO
 from nccl_triage.diagnose.engine import FAILURE_KINDS, Correlation, correlate
 from nccl_triage.diagnose.facts import JobFacts, compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
+from nccl_triage.ingest.anchors import ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
-from nccl_triage.ingest.scan import ANCHORS, Candidate, regex_anchor, scan
+from nccl_triage.ingest.scan import Candidate, regex_anchor, scan
 from nccl_triage.model import Event, Finding, Kind, Line
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.core import Unparsed, _Parser

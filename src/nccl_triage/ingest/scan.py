@@ -1,152 +1,45 @@
-"""Whole-chunk candidate scan: only lines holding an anchor phrase go on to the grammar.
+"""The candidate scan: only lines holding an anchor phrase go on to the grammar.
 
-Input: a binary stream and a list of literal anchor phrases. Output: :class:`Candidate` lines
-with their physical line numbers and a few neighbouring lines (terminals hard-wrap long
-messages, so the parser may need to join them).
+Input: bytes, pushed in chunks of any size (a file read in 8 MiB pieces, a pipe read as data
+arrives). Output: :class:`Candidate` lines with their physical line numbers and a few
+neighbouring lines (terminals hard-wrap long messages, so the parser may need to join them),
+and a bounded :class:`History` of the most recent complete lines, from which the diagnosis
+reads the context of a failure.
 
-One compiled RE2 alternation runs over each 8 MiB chunk where it lies (no copy of the chunk):
-only the few lines around a chunk boundary are joined in a small seam buffer. Python code runs
-per match, never per line. Each byte is counted for newlines once, by ``bytes.count`` on small
-ranges and by ``numpy`` on large ranges of large inputs (2-3x faster; its import costs 0.15 s).
-Lines of many megabytes leave the buffer (see :func:`_set_aside`), so memory stays bounded.
+One scanner serves files and streams. One compiled RE2 alternation runs over each chunk where
+it lies (no copy of the chunk): only the line that straddles two chunks is joined. Python code
+runs per match, never per line; newlines are counted by ``bytes.count`` on small ranges and by
+``numpy`` on large ranges of large inputs (about 3x faster; its import costs 0.15 s). A line of
+many megabytes is never held whole (see :class:`_LongLine`), so memory stays bounded whatever
+the line lengths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import re2
 
-from nccl_triage.ingest.reader import CHUNK_SIZE
-
-# Literal phrases that start (or survive the hard-wrapping of) every message family of the
-# format reference. A line holding none of them never reaches the grammar. Several phrases
-# cover one family on purpose: a terminal may wrap a message in the middle of any one of them.
-ANCHORS: tuple[str, ...] = (
-    # family 1: watchdog timeout, every era; blocking wait
-    "Watchdog caught",
-    "ollective operation timeout",
-    "WorkNCCL(",
-    "timed out in blocking wait",
-    # family 2: status lines, desync report, flight-recorder traceback
-    "Timeout at NCCL work",
-    "either an error or timeout",
-    "detected by watchdog",
-    "watchdog at work",
-    "last enqueued",
-    "To our best knowledge",
-    "joined but didn't finish",
-    "didn't join collective",
-    "Snapshot of ranks' latest states",
-    "] started ",  # "[0, 1, 2, 3] started ALLREDUCE" in the desync snapshot
-    "] finished ",
-    "started ranks:",
-    "finished ranks:",
-    "Timeout at collective",
-    "DESYNC_DEBUG report",
-    "Stack trace of the failed collective",
-    "flight recorder dumps to finish",
-    "Not all ranks joining collective",
-    # family 3: tear-down
-    "Some NCCL operations have failed",
-    "To avoid data inconsistency",
-    "watchdog thread terminated",
-    "terminate called after throwing",
-    # family 4: heartbeat monitor, dump signals, fatal termination
-    "watchdog got stuck",
-    "Heartbeat monitor timed out",
-    "no heartbeat of its watchdog",
-    "monitor thread timeout",
-    "dump signal",
-    "signal dumping",
-    "Received a global",
-    "preparing to dump debug info",
-    "Terminating the process after",
-    "onitor thread is disabled",
-    "onitor Thread is disabled",
-    "should dump",
-    "Could not acquire GIL",
-    # family 5: NCCL errors through PyTorch, libnccl's own lines
-    "NCCL error",
-    "NCCL timeout in",
-    "communicator was aborted",
-    "ncclInvalidUsage",
-    "ncclRemoteError",
-    "ncclSystemError",
-    "ncclInternalError",
-    "ncclUnhandledCudaError",
-    "ncclInvalidArgument",
-    "Unknown NCCL error",
-    "Last error:",
-    "NCCL WARN",
-    ".cc:",  # libnccl's error traces "NCCL INFO init.cc:82 -> 3" (its sources are .cc files)
-    "Init COMPLETE",
-    "NCCL version",
-    "NET/Socket : Using",
-    "NET/IB : Using",
-    "Bootstrap : Using",
-    "set by environment to",
-    "CUDA error",
-    "Cuda failure",
-    "Detected mismatch between collectives",
-    "CollectiveFingerPrint",
-    # family 6: torchrun agent and ChildFailedError
-    "failed (exitcode:",
-    "closing signal",
-    "death signal",
-    "got signal:",
-    "ChildFailedError",
-    "Root Cause",
-    "Failures:",
-    "Worker group",
-    "FAILED with no error file",
-    # family 7: stores, rendezvous, sockets
-    "waiting for clients",
-    "store based barrier",
-    "client socket has timed out",
-    "client failed to connect",
-    "NCCL communicator and retr",
-    "Socket Timeout",
-    "wait timeout after",
-    "Timeout waiting for key",
-    "socket has failed to",
-    "recvValue failed",
-    "ailed to recv, got 0 bytes",
-    "RendezvousTimeoutError",
-    "RendezvousClosedError",
-    "RendezvousConnectionError",
-    # family 8: Gloo
-    "operation to complete",
-    "Connection closed by peer",
-    "Read error [",
-    "caused pair closure",
-    "Unable to find address for",
-    # environment variables
-    "is deprecated; use TORCH_",
-    "has no effect when TORCH_",
-)
+from nccl_triage.ingest.anchors import ANCHORS
 
 LOOKBEHIND = 2  # physical lines kept before a candidate (a message wrapped before its anchor)
 LOOKAHEAD = 16  # physical lines kept after it (wrapped messages, the ChildFailedError block)
-MAX_LINE = (
-    64 << 10
-)  # longer lines are cut: a candidate to a window around its anchor, others to their start
-LONG_LINE = (
-    8 * MAX_LINE
-)  # lines longer than this leave the buffer when it overflows (see _set_aside)
-MAX_BUFFER = CHUNK_SIZE  # unfinished lines held back before long lines are set aside
+MAX_LINE = 64 << 10  # longer lines are cut: a candidate around its anchor, others to their start
+LONG_LINE = 1 << 20  # an unfinished line longer than this is scanned as it grows, never held
+HISTORY_BYTES = 4 << 20  # complete lines kept for context windows (at least the last region)
 _NL = 10
 _SMALL = 64 << 10  # below this many bytes, bytes.count counts newlines; above, numpy
 _BLOCK = 256 << 10  # numpy compares this many bytes at a time (the temporary stays in cache)
 _NUMPY_AFTER = 256 << 20  # numpy is imported once an input has been this large
 _np: Any = None  # the numpy module, once imported
 
-# Overrides: line number -> (the line's first MAX_LINE bytes, its candidate window or None),
-# for lines too long to keep in the buffer, which holds a one-byte placeholder line instead.
-_Overrides = dict[int, tuple[bytes, bytes | None]]
+# An anchor starting with this is an RE2 regular expression rather than a literal (a signal
+# pattern written without literal anchors).
+REGEX_PREFIX = "\x00re:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +50,6 @@ class Candidate:
     raw: bytes
     before: tuple[bytes, ...]  # closest last
     after: tuple[bytes, ...]  # closest first
-
-
-# An anchor starting with this is an RE2 regular expression rather than a literal (a signal
-# pattern written without literal anchors, or one that ignores case).
-REGEX_PREFIX = "\x00re:"
 
 
 def regex_anchor(regex: str) -> str:
@@ -185,12 +73,326 @@ def compile_anchors(anchors: tuple[str, ...]) -> Any:
     return re2.compile(b"|".join(parts), options)
 
 
-@cache
-def _placeholder(anchors: tuple[str, ...]) -> bytes:
-    """A byte that no anchor holds: a placeholder line made of it can never match."""
-    literal = (a for a in anchors if not a.startswith(REGEX_PREFIX))
-    used = set(b"".join(a.encode() for a in literal)) | {_NL}
-    return bytes([next(b for b in range(256) if b not in used)])
+def _load_numpy() -> None:
+    global _np
+    if _np is None:
+        import numpy  # pandas' dependency
+
+        _np = numpy
+
+
+def count_newlines(buf: bytes, start: int, end: int) -> int:
+    """Count the newlines of ``buf[start:end]`` without a Python-level pass over the bytes."""
+    if _np is None or end - start < _SMALL:
+        return buf.count(b"\n", start, end)
+    view = _np.frombuffer(buf, dtype=_np.uint8, count=end - start, offset=start)
+    return sum(
+        int(_np.count_nonzero(view[i : i + _BLOCK] == _NL)) for i in range(0, len(view), _BLOCK)
+    )
+
+
+def _clip(buf: bytes, start: int, end: int, at: int | None = None) -> bytes:
+    """The line ``buf[start:end]``: MAX_LINE bytes around offset ``at``, or from its start."""
+    if end - start <= MAX_LINE:
+        return buf[start:end]
+    if at is None:
+        return buf[start : start + MAX_LINE]
+    lo = start + max(0, min(at - start - MAX_LINE // 2, end - start - MAX_LINE))
+    return buf[lo : lo + MAX_LINE]
+
+
+def _lines_before(buf: bytes, line_start: int, n: int, floor: int) -> list[bytes]:
+    """Up to ``n`` lines ending just before ``line_start``, none starting before ``floor``."""
+    out: list[bytes] = []
+    end = line_start - 1  # the newline that ends the previous line
+    while len(out) < n and end >= floor:
+        start = max(buf.rfind(b"\n", floor, end) + 1, floor)
+        out.append(_clip(buf, start, end))
+        end = start - 1
+    out.reverse()
+    return out
+
+
+def _lines_from(buf: bytes, pos: int, n: int, end: int) -> list[bytes]:
+    """Up to ``n`` lines starting at ``pos``, none past ``end`` (each ends with a newline)."""
+    out: list[bytes] = []
+    while len(out) < n and pos < end:
+        nl = buf.find(b"\n", pos, end)
+        if nl < 0:
+            nl = end
+        out.append(_clip(buf, pos, nl))
+        pos = nl + 1
+    return out
+
+
+# ----------------------------------------------------------------------------- history
+
+
+@dataclass(frozen=True, slots=True)
+class _Region:
+    first: int  # number of the region's first line
+    count: int  # how many lines it holds (each ends with a newline in buf)
+    buf: bytes
+    start: int
+    end: int
+
+
+class History:
+    """The most recent complete lines of one input, for the context of a failure.
+
+    Holds whole scanned regions by reference (no copy) and drops the oldest once more than
+    ``limit`` bytes are held, always keeping the newest region. A line too long to hold is
+    kept as its first MAX_LINE bytes.
+    """
+
+    def __init__(self, limit: int = HISTORY_BYTES) -> None:
+        self.limit = limit
+        self._regions: deque[_Region] = deque()
+        self._size = 0
+
+    @property
+    def first_line(self) -> int | None:
+        """The oldest line still held, or None when nothing is."""
+        return self._regions[0].first if self._regions else None
+
+    @property
+    def next_line(self) -> int | None:
+        """The number after the newest line held, or None when nothing is."""
+        last = self._regions[-1] if self._regions else None
+        return last.first + last.count if last is not None else None
+
+    def add(self, first: int, count: int, buf: bytes, start: int, end: int) -> None:
+        """Keep ``count`` lines (``buf[start:end]``, ending with a newline) from line ``first``."""
+        if count <= 0:
+            return
+        nxt = self.next_line
+        if nxt is not None and nxt != first:
+            self.clear()  # a gap (skipped bytes): the lines before it are no context any more
+        self._regions.append(_Region(first, count, buf, start, end))
+        self._size += end - start
+        while len(self._regions) > 1 and self._size > self.limit:
+            old = self._regions.popleft()
+            self._size -= old.end - old.start
+
+    def clear(self) -> None:
+        """Forget every line held."""
+        self._regions.clear()
+        self._size = 0
+
+    def lines(self, lo: int, hi: int) -> list[tuple[int, bytes]]:
+        """The lines numbered ``lo`` to ``hi - 1`` that are still held, clipped to MAX_LINE."""
+        out: list[tuple[int, bytes]] = []
+        for r in self._regions:
+            a, b = max(lo, r.first), min(hi, r.first + r.count)
+            if a >= b:
+                continue
+            pos = self._offset(r, a - r.first)
+            for n in range(a, b):
+                nl = r.buf.find(b"\n", pos, r.end)
+                nl = r.end if nl < 0 else nl
+                out.append((n, _clip(r.buf, pos, nl)))
+                pos = nl + 1
+        return out
+
+    @staticmethod
+    def _offset(r: _Region, k: int) -> int:
+        """Offset in ``r.buf`` where the region's ``k``-th line starts (from the nearer end)."""
+        if k <= r.count - k:
+            pos = r.start
+            for _ in range(k):
+                pos = r.buf.find(b"\n", pos, r.end) + 1
+            return pos
+        pos = r.end - 1  # the newline of the last line
+        for _ in range(r.count - k):
+            pos = r.buf.rfind(b"\n", r.start, pos)
+        return pos + 1
+
+
+# ----------------------------------------------------------------------------- the scanner
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A candidate line waiting for its look-ahead lines."""
+
+    lineno: int
+    raw: bytes
+    before: tuple[bytes, ...]
+    after: list[bytes]
+    since: float
+
+    def done(self) -> Candidate:
+        return Candidate(self.lineno, self.raw, self.before, tuple(self.after))
+
+
+class Scanner:
+    """The candidate scan of one input, fed chunk by chunk.
+
+    Yields the same candidates however the input is cut into chunks; :meth:`flush` hands out
+    candidates that waited long enough with the look-ahead they have (a job that hangs after
+    its timeout lines never prints sixteen more), and :meth:`skip` accounts for bytes a live
+    pump had to drop, so line numbers stay right.
+    """
+
+    def __init__(self, anchors: Sequence[str] = ANCHORS, history: int = HISTORY_BYTES) -> None:
+        self._anchors = tuple(anchors)
+        self._pattern = compile_anchors(self._anchors)
+        self._partial = b""  # the unfinished last line, while it is short
+        self._long: _LongLine | None = None  # the unfinished last line once it is long
+        self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
+        self._lineno = 1  # number of the line being assembled
+        self._pending: deque[_Pending] = deque()
+        self.bytes = 0
+        self.history = History(history)
+
+    @property
+    def lines(self) -> int:
+        """Physical lines so far, counting an unfinished last line."""
+        return self._lineno - 1 + (1 if self._partial or self._long is not None else 0)
+
+    @property
+    def complete_lines(self) -> int:
+        """Lines that ended with a newline so far."""
+        return self._lineno - 1
+
+    @property
+    def oldest_pending(self) -> float | None:
+        """When the oldest held candidate was found, or None."""
+        return self._pending[0].since if self._pending else None
+
+    def feed(self, data: bytes, now: float = 0.0) -> list[Candidate]:
+        """Take the next bytes; return the candidates whose look-ahead is complete."""
+        if not data:
+            return []
+        self.bytes += len(data)
+        if self.bytes > _NUMPY_AFTER and _np is None:
+            _load_numpy()
+        first = data.find(b"\n")
+        if first < 0:
+            self._grow(data, now)
+            return []
+        self._finish_line(data, first, now)
+        last = data.rfind(b"\n")
+        if last > first:
+            self._scan(data, first + 1, last + 1, now)
+        self._grow(data[last + 1 :], now)
+        return self._ready()
+
+    def skip(self, nbytes: int, newlines: int, tail: bytes, now: float = 0.0) -> list[Candidate]:
+        """Account for ``nbytes`` bytes holding ``newlines`` newlines that were not seen.
+
+        ``tail`` is the end of the skipped bytes after their last newline (the start of the
+        line that continues after the gap). Held candidates are handed out at once: the lines
+        after them are gone, and so is the context before the gap.
+        """
+        self.bytes += nbytes
+        if newlines <= 0:
+            return []  # the middle of the unfinished line is missing; the line goes on
+        self._finish_line(b"", 0, now)
+        self._lineno += newlines - 1
+        self._prev.clear()
+        self.history.clear()
+        out = [p.done() for p in self._pending]
+        self._pending.clear()
+        self._grow(tail, now)
+        return out
+
+    def flush(self, found_before: float) -> list[Candidate]:
+        """Hand out every held candidate once the oldest was found before ``found_before``.
+
+        They go with the look-ahead they have, all together: a burst of timeout lines stays
+        in one report. A candidate inside an unfinished line stays: its line may still grow.
+        """
+        if not self._pending or self._pending[0].since > found_before:
+            return []
+        out = [p.done() for p in self._pending]
+        self._pending.clear()
+        return out
+
+    def close(self) -> list[Candidate]:
+        """End of input: the unfinished line is the last line; hand out everything."""
+        if self._partial or self._long is not None:
+            self._finish_line(b"", 0, 0.0)  # the last line had no newline of its own
+        out = [p.done() for p in self._pending]
+        self._pending.clear()
+        return out
+
+    def _grow(self, data: bytes, now: float) -> None:
+        """Add bytes to the unfinished last line (never holding more than LONG_LINE of it)."""
+        if not data:
+            return
+        if self._long is not None:
+            self._long.feed(data)
+            return
+        self._partial += data
+        if len(self._partial) > LONG_LINE:
+            literal = [a for a in self._anchors if not a.startswith(REGEX_PREFIX)]
+            overlap = max((len(a.encode()) for a in literal), default=1) - 1
+            self._long = _LongLine(self._pattern, overlap)
+            self._long.feed(self._partial)
+            self._partial = b""
+
+    def _finish_line(self, data: bytes, nl: int, now: float) -> None:
+        """Complete the line being assembled with ``data[:nl]`` and scan it."""
+        if self._long is not None:
+            long_line, self._long = self._long, None
+            long_line.feed(memoryview(data)[:nl])
+            head, window = long_line.essence()
+            lineno, before = self._lineno, tuple(self._prev)
+            # the line as a neighbour and as context is its start
+            self._scan(head + b"\n", 0, len(head) + 1, now, scan=False)
+            if window is not None:
+                self._pending.append(_Pending(lineno, window, before, [], now))
+        else:
+            line = self._partial + data[:nl] + b"\n"
+            self._partial = b""
+            self._scan(line, 0, len(line), now)
+
+    def _scan(self, buf: bytes, start: int, end: int, now: float, scan: bool = True) -> None:
+        """Scan the complete lines of ``buf[start:end]`` (which ends with a newline)."""
+        if self._pending and LOOKAHEAD:
+            need = LOOKAHEAD - min(len(p.after) for p in self._pending)
+            if need > 0:
+                head = _lines_from(buf, start, need, end)
+                for p in self._pending:
+                    p.after.extend(head[: LOOKAHEAD - len(p.after)])
+        first = self._lineno
+        lineno, counted, pos = first, start, start
+        while scan and pos < end:
+            m = self._pattern.search(buf, pos, end)
+            if m is None:
+                break
+            at = m.start()
+            line_start = max(buf.rfind(b"\n", start, at) + 1, start)
+            line_end = buf.find(b"\n", at, end)
+            line_end = end - 1 if line_end < 0 else line_end
+            lineno += count_newlines(buf, counted, line_start)
+            counted = line_start
+            before = _lines_before(buf, line_start, LOOKBEHIND, start)
+            missing = LOOKBEHIND - len(before)
+            if missing > 0 and self._prev:
+                before = list(self._prev)[-missing:] + before
+            self._pending.append(
+                _Pending(
+                    lineno,
+                    _clip(buf, line_start, line_end, at),
+                    tuple(before),
+                    _lines_from(buf, line_end + 1, LOOKAHEAD, end),
+                    now,
+                )
+            )
+            pos = line_end + 1
+        total = (lineno - first) + count_newlines(buf, counted, end)
+        if LOOKBEHIND:
+            self._prev.extend(_lines_before(buf, end, LOOKBEHIND, start))
+        self.history.add(first, total, buf, start, end)
+        self._lineno = first + total
+
+    def _ready(self) -> list[Candidate]:
+        out: list[Candidate] = []
+        while self._pending and len(self._pending[0].after) >= LOOKAHEAD:
+            out.append(self._pending.popleft().done())
+        return out
 
 
 def scan(
@@ -202,249 +404,20 @@ def scan(
     line without ``\n`` counts. Each candidate comes once, in order, with up to
     ``LOOKBEHIND`` lines before it and ``LOOKAHEAD`` after it. A line longer than
     ``MAX_LINE`` is cut to ``MAX_LINE`` bytes: around its first anchor when it is the
-    candidate, from its start when it is a neighbour. Memory stays bounded whatever the line
-    lengths (about ``MAX_BUFFER`` plus one chunk).
+    candidate, from its start when it is a neighbour.
 
     ``stats`` (when given) receives ``lines``: the number of physical lines, and ``bytes``.
     """
-    pattern = compile_anchors(anchors)
-    lb, la = LOOKBEHIND, LOOKAHEAD
-    ov: _Overrides = {}
-    # The tail of the stream not yet done with: LOOKBEHIND scanned lines (context), then
-    # unscanned lines from tail_scan on, the last one maybe unfinished.
-    tail = b""
-    tail_scan = 0
-    tail_base = 1  # line number of the tail's first line
-    long_line: _LongLine | None = None  # an unfinished line being set aside piece by piece
-    total = 0
+    scanner = Scanner(anchors, history=0)
     for data in chunks:
-        if not data:
-            continue
-        total += len(data)
-        if total > _NUMPY_AFTER and _np is None:
-            _load_numpy()
-        if long_line is not None:
-            nl = data.find(b"\n")
-            if nl < 0:
-                long_line.feed(data)
-                continue
-            long_line.feed(memoryview(data)[:nl])
-            ov[long_line.lineno] = long_line.essence()
-            long_line = None
-            tail += _placeholder(anchors)
-            data = data[nl:]
-        fronts = _first_newlines(data, lb + la + 1)
-        mid = fronts[lb] if fronts is not None else -1  # from here on, context is in data
-        cut = _cut_point(data, mid) if fronts is not None else -1
-        if fronts is not None and cut >= 0:
-            # Fast path: no copy of the chunk. The lines of the tail and the first lb + 1 lines
-            # of data are scanned in a small seam buffer, the rest of data where it is.
-            seam = tail + data[: fronts[-1]]
-            yield from _scan_region(pattern, seam, tail_scan, len(tail) + mid, 0, tail_base, ov)
-            lineno = tail_base + _count_newlines(tail, 0, len(tail)) + lb + 1
-            done = yield from _scan_region(pattern, data, mid, cut, mid, lineno, ov)
-            tail, tail_scan, tail_base = _next_tail(data, cut, done)
-        else:
-            buf = tail + data if tail else data
-            cut = _cut_point(buf, tail_scan)
-            if cut < 0:  # too few complete lines yet: read on
-                tail = buf
-            else:
-                done = yield from _scan_region(pattern, buf, tail_scan, cut, 0, tail_base, ov)
-                tail, tail_scan, tail_base = _next_tail(buf, cut, done)
-        if len(tail) > MAX_BUFFER:  # long lines: hold only what the output needs of them
-            tail, tail_scan, long_line = _set_aside(anchors, tail, tail_scan, tail_base, ov)
-        if ov:
-            for k in [k for k in ov if k < tail_base]:
-                del ov[k]
-    if long_line is not None:
-        ov[long_line.lineno] = long_line.essence()
-        tail += _placeholder(anchors)
-    yield from _scan_region(pattern, tail, tail_scan, len(tail), 0, tail_base, ov)
+        yield from scanner.feed(data)
+    yield from scanner.close()
     if stats is not None:
-        stats["bytes"] = total
-        unfinished = 1 if tail and not tail.endswith(b"\n") else 0
-        stats["lines"] = tail_base - 1 + _count_newlines(tail, 0, len(tail)) + unfinished
-
-
-def _first_newlines(buf: bytes, n: int) -> list[int] | None:
-    """Offsets just past each of the first ``n`` newlines, or None if there are fewer."""
-    out: list[int] = []
-    pos = 0
-    for _ in range(n):
-        nl = buf.find(b"\n", pos)
-        if nl < 0:
-            return None
-        pos = nl + 1
-        out.append(pos)
-    return out
-
-
-def _cut_point(buf: bytes, scan_from: int) -> int:
-    """Offset up to which lines are complete and have LOOKAHEAD lines after them, or -1."""
-    pos = len(buf)
-    for _ in range(LOOKAHEAD + 1):
-        pos = buf.rfind(b"\n", scan_from, pos)
-        if pos < 0:
-            return -1
-    return pos + 1
-
-
-def _next_tail(buf: bytes, cut: int, done: tuple[int, int]) -> tuple[bytes, int, int]:
-    """The new tail after scanning up to ``cut``: LOOKBEHIND lines before it and the rest."""
-    keep = cut
-    for _ in range(LOOKBEHIND):
-        if keep <= 0:
-            break
-        keep = buf.rfind(b"\n", 0, keep - 1) + 1
-    counted_to, lineno = done  # line number of the line starting at counted_to
-    if keep >= counted_to:
-        lineno += _count_newlines(buf, counted_to, keep)
-    else:
-        lineno -= _count_newlines(buf, keep, counted_to)
-    return buf[keep:], cut - keep, lineno
-
-
-def _load_numpy() -> None:
-    global _np
-    if _np is None:
-        import numpy  # pandas' dependency
-
-        _np = numpy
-
-
-def _count_newlines(buf: bytes, start: int, end: int) -> int:
-    if _np is None or end - start < _SMALL:
-        return buf.count(b"\n", start, end)
-    view = _np.frombuffer(buf, dtype=_np.uint8, count=end - start, offset=start)
-    return sum(
-        int(_np.count_nonzero(view[i : i + _BLOCK] == _NL)) for i in range(0, len(view), _BLOCK)
-    )
-
-
-def _scan_region(
-    pattern: Any, buf: bytes, start: int, end: int, counted_to: int, lineno: int, ov: _Overrides
-) -> Generator[Candidate, None, tuple[int, int]]:
-    """Yield the candidates among the lines that start in ``buf[start:end]``.
-
-    ``lineno`` is the number of the line starting at ``counted_to`` (<= ``start``). Returns the
-    last such pair reached, so that the caller counts the remaining newlines only once.
-    """
-    pending = (
-        sorted(k for k, (_, raw) in ov.items() if raw is not None and k >= lineno) if ov else []
-    )
-    pos = start
-    while pos < end:
-        m = pattern.search(buf, pos, end)
-        if m is None:
-            break
-        at = m.start()
-        line_start = buf.rfind(b"\n", 0, at) + 1
-        line_no = lineno + _count_newlines(buf, counted_to, line_start)
-        if pending and pending[0] < line_no:
-            yield from _set_aside_candidates(buf, counted_to, lineno, line_no, end, pending, ov)
-        counted_to, lineno = line_start, line_no
-        line_end = buf.find(b"\n", at)
-        if line_end < 0:
-            line_end = len(buf)
-        yield Candidate(
-            lineno=line_no,
-            raw=_window(buf, line_start, line_end, at),
-            before=_lines_before(buf, line_start, LOOKBEHIND, line_no, ov),
-            after=_lines_after(buf, line_end, LOOKAHEAD, line_no, ov),
-        )
-        pos = line_end + 1
-    if pending:
-        counted_to, lineno = yield from _set_aside_candidates(
-            buf, counted_to, lineno, 1 << 62, end, pending, ov
-        )
-    return counted_to, lineno
-
-
-def _set_aside_candidates(
-    buf: bytes,
-    counted_to: int,
-    lineno: int,
-    below: int,
-    end: int,
-    pending: list[int],
-    ov: _Overrides,
-) -> Generator[Candidate, None, tuple[int, int]]:
-    """Yield the set-aside candidates numbered below ``below`` whose lines start before ``end``."""
-    while pending and pending[0] < below:
-        k = pending[0]
-        pos = counted_to
-        for _ in range(k - lineno):
-            nl = buf.find(b"\n", pos)
-            if nl < 0:
-                return counted_to, lineno
-            pos = nl + 1
-        if pos >= end:
-            break
-        pending.pop(0)
-        head, raw = ov[k]
-        assert raw is not None
-        ov[k] = (head, None)  # yielded: a neighbour from now on
-        line_end = buf.find(b"\n", pos)
-        if line_end < 0:
-            line_end = len(buf)
-        yield Candidate(
-            lineno=k,
-            raw=raw,
-            before=_lines_before(buf, pos, LOOKBEHIND, k, ov),
-            after=_lines_after(buf, line_end, LOOKAHEAD, k, ov),
-        )
-        counted_to, lineno = pos, k
-    return counted_to, lineno
-
-
-def _window(buf: bytes, start: int, end: int, at: int) -> bytes:
-    """The line ``buf[start:end]``, or MAX_LINE bytes of it around offset ``at``."""
-    if end - start <= MAX_LINE:
-        return buf[start:end]
-    lo = start + max(0, min(at - start - MAX_LINE // 2, end - start - MAX_LINE))
-    return buf[lo : lo + MAX_LINE]
-
-
-def _neighbour(buf: bytes, start: int, end: int, lineno: int, ov: _Overrides) -> bytes:
-    if ov:
-        aside = ov.get(lineno)
-        if aside is not None:
-            return aside[0]
-    return buf[start : min(end, start + MAX_LINE)]
-
-
-def _lines_before(
-    buf: bytes, line_start: int, n: int, lineno: int, ov: _Overrides
-) -> tuple[bytes, ...]:
-    out: list[bytes] = []
-    end = line_start - 1  # the newline that ends the previous line
-    while len(out) < n and end >= 0:
-        start = buf.rfind(b"\n", 0, end) + 1
-        lineno -= 1
-        out.append(_neighbour(buf, start, end, lineno, ov))
-        end = start - 1
-    out.reverse()
-    return tuple(out)
-
-
-def _lines_after(
-    buf: bytes, line_end: int, n: int, lineno: int, ov: _Overrides
-) -> tuple[bytes, ...]:
-    out: list[bytes] = []
-    pos = line_end + 1
-    while len(out) < n and pos < len(buf):
-        nl = buf.find(b"\n", pos)
-        if nl < 0:
-            nl = len(buf)
-        lineno += 1
-        out.append(_neighbour(buf, pos, nl, lineno, ov))
-        pos = nl + 1
-    return tuple(out)
+        stats["bytes"] = scanner.bytes
+        stats["lines"] = scanner.lines
 
 
 # ----------------------------------------------------------------------------- long lines
-# Only inputs with lines of many megabytes (or too few newlines to fill LOOKAHEAD) come here.
 
 
 class _LongLine:
@@ -454,8 +427,7 @@ class _LongLine:
     joined, to see an anchor split between two pieces.
     """
 
-    def __init__(self, lineno: int, pattern: Any, overlap: int) -> None:
-        self.lineno = lineno
+    def __init__(self, pattern: Any, overlap: int) -> None:
         self.pattern = pattern
         self.overlap = overlap  # longest anchor - 1
         self.length = 0
@@ -469,6 +441,8 @@ class _LongLine:
         return max(self.at + MAX_LINE - MAX_LINE // 2, MAX_LINE)
 
     def feed(self, piece: bytes | memoryview) -> None:
+        if not len(piece):
+            return
         if len(self.head) < MAX_LINE:
             self.head += bytes(piece[: MAX_LINE - len(self.head)])
         if self.at < 0:
@@ -510,51 +484,3 @@ class _LongLine:
         lo = max(0, min(self.at - MAX_LINE // 2, self.length - MAX_LINE))
         i = lo - self.window_start
         return self.head, self.window[i : i + MAX_LINE]
-
-
-def _set_aside(
-    anchors: tuple[str, ...], buf: bytes, scan_from: int, lineno: int, ov: _Overrides
-) -> tuple[bytes, int, _LongLine | None]:
-    """Replace each line of ``buf`` longer than LONG_LINE by a placeholder line.
-
-    What the output needs of such a line goes to ``ov``. An unfinished last line that long
-    becomes a :class:`_LongLine`, fed with the next chunks until its newline comes. ``buf`` is
-    a tail, so it holds at most LOOKBEHIND + LOOKAHEAD + 1 lines, or fewer than that after
-    ``scan_from`` (no cut point was found).
-    """
-    pattern = compile_anchors(anchors)
-    placeholder = _placeholder(anchors)
-    overlap = max((len(a.encode()) for a in anchors), default=1) - 1
-    out: list[bytes] = []
-    size = 0
-    new_scan_from = -1
-    long_line: _LongLine | None = None
-    pos = 0
-    while True:
-        if pos == scan_from:
-            new_scan_from = size
-        nl = buf.find(b"\n", pos)
-        end = len(buf) if nl < 0 else nl
-        if end - pos > LONG_LINE and nl < 0:
-            long_line = _LongLine(lineno, pattern, overlap)
-            long_line.feed(memoryview(buf)[pos:])
-            break
-        if end - pos > LONG_LINE:
-            raw = None
-            if pos >= scan_from:
-                m = pattern.search(buf, pos, end)
-                if m is not None:
-                    raw = _window(buf, pos, end, m.start())
-            ov[lineno] = (buf[pos : pos + MAX_LINE], raw)
-            part = placeholder + b"\n"
-        else:
-            part = buf[pos : nl + 1] if nl >= 0 else buf[pos:]
-        out.append(part)
-        size += len(part)
-        if nl < 0:
-            break
-        pos = nl + 1
-        lineno += 1
-    if new_scan_from < 0:
-        new_scan_from = size
-    return b"".join(out), new_scan_from, long_line

@@ -14,7 +14,7 @@ Two processes, so that pass-through never depends on parsing:
   missed, so line numbers stay right and the report says what was skipped. Output never waits
   for the analyser.
 * the **analyser** (a child process, niced, ignoring Ctrl-C) runs the same pipeline as
-  ``triage``: an incremental candidate scan (:class:`LiveScanner`), the grammar and signals
+  ``triage``: an incremental candidate scan (:class:`~nccl_triage.ingest.scan.Scanner`), the grammar and signals
   (:class:`nccl_triage.pipeline.Triage`), and :class:`LiveTriage` deciding when to report.
 
 A thread would not do for the analyser: parsing holds the GIL, and a pump waiting up to the
@@ -45,8 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from nccl_triage.ingest.scan import ANCHORS, LOOKAHEAD, LOOKBEHIND, MAX_LINE, Candidate
-from nccl_triage.ingest.scan import compile_anchors as _compile_anchors
+from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner
 
 if TYPE_CHECKING:
     from nccl_triage.pipeline import Report, Triage
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
 READ_SIZE = 1 << 20  # bytes per os.read; a read returns what is there, so big costs no delay
 PIPE_SIZE = 1 << 20  # ask Linux for 1 MiB pipes (fewer wake-ups); silently ignored elsewhere
 BACKLOG_LIMIT = 64 << 20  # bytes the pump holds for a slow analyser before dropping the oldest
-LONG_LINE = 1 << 20  # an unfinished line longer than this is scanned and trimmed as it grows
+LONG_LINE = 1 << 20  # run: an unfinished line longer than this is passed on as it comes
 HOLD_S = 0.25  # a candidate waits this long at most for its look-ahead lines
 SETTLE_S = 0.2  # report once the picture has not changed for this long...
 MAX_WAIT_S = 0.5  # ...or this long after it first changed, whichever comes first
@@ -81,219 +80,6 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
-
-# ----------------------------------------------------------------------------- incremental scan
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A candidate line waiting for its look-ahead lines."""
-
-    lineno: int
-    raw: bytes
-    before: tuple[bytes, ...]
-    after: list[bytes]
-    since: float
-
-    def done(self) -> Candidate:
-        return Candidate(self.lineno, self.raw, self.before, tuple(self.after))
-
-
-def _clip(raw: bytes, anchor_at: int = 0) -> bytes:
-    # same window as prefilter.scan: MAX_LINE bytes around the anchor
-    if len(raw) <= MAX_LINE:
-        return raw
-    lo = max(0, min(anchor_at - MAX_LINE // 2, len(raw) - MAX_LINE))
-    return raw[lo : lo + MAX_LINE]
-
-
-def _lines_before(buf: bytes, line_start: int, n: int) -> list[bytes]:
-    out: list[bytes] = []
-    end = line_start - 1  # the newline that ends the previous line
-    while len(out) < n and end >= 0:
-        start = buf.rfind(b"\n", 0, end) + 1
-        out.append(_clip(buf[start:end]))
-        end = start - 1
-    out.reverse()
-    return out
-
-
-def _lines_from(buf: bytes, pos: int, n: int) -> list[bytes]:
-    out: list[bytes] = []
-    while len(out) < n and pos < len(buf):
-        nl = buf.find(b"\n", pos)
-        if nl < 0:
-            nl = len(buf)
-        out.append(_clip(buf[pos:nl]))
-        pos = nl + 1
-    return out
-
-
-class LiveScanner:
-    """The candidate scan of :func:`nccl_triage.ingest.scan.scan`, fed chunk by chunk.
-
-    Yields the same :class:`Candidate` objects (line number, clipped line, ``LOOKBEHIND`` lines
-    before, ``LOOKAHEAD`` lines after) as the batch scan does over the same bytes, however they
-    are cut into chunks; except that :meth:`flush` hands out candidates that waited long enough
-    with the look-ahead they have, because a job that hangs after its timeout lines never
-    prints sixteen more.
-    """
-
-    def __init__(self, anchors: Sequence[str] = ANCHORS) -> None:
-        self._pattern = _compile_anchors(tuple(anchors))
-        self._partial = b""  # the unfinished last line (its end trimmed to MAX_LINE when long)
-        self._partial_hit: _Pending | None = None  # a long unfinished line known to hold an anchor
-        self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
-        self._lineno = 1  # number of the line being assembled
-        self._pending: deque[_Pending] = deque()
-        self.bytes = 0
-
-    @property
-    def lines(self) -> int:
-        """Physical lines so far, counting an unfinished last line (as the batch scan does)."""
-        return self._lineno - 1 + (1 if self._partial or self._partial_hit else 0)
-
-    @property
-    def complete_lines(self) -> int:
-        """Lines that ended with a newline so far."""
-        return self._lineno - 1
-
-    @property
-    def oldest_pending(self) -> float | None:
-        """When the oldest held candidate was found, or None.
-
-        A candidate inside an unfinished line is not counted: it waits for its line.
-        """
-        return self._pending[0].since if self._pending else None
-
-    def feed(self, data: bytes, now: float = 0.0) -> list[Candidate]:
-        """Take the next bytes; return the candidates whose look-ahead is complete."""
-        self.bytes += len(data)
-        nl = data.rfind(b"\n")
-        if nl < 0:
-            self._grow_partial(data, now)
-            return []
-        region = self._partial + data[: nl + 1] if self._partial else data[: nl + 1]
-        hit, self._partial, self._partial_hit = self._partial_hit, b"", None
-        self._scan(region, hit, now)
-        self._grow_partial(data[nl + 1 :], now)
-        return self._ready()
-
-    def skip(self, nbytes: int, newlines: int, tail: bytes, now: float = 0.0) -> list[Candidate]:
-        """Account for ``nbytes`` bytes holding ``newlines`` newlines that were not seen.
-
-        ``tail`` is the end of the skipped bytes after their last newline (the start of the
-        line that continues after the gap). Held candidates are handed out at once: the lines
-        after them are gone.
-        """
-        self.bytes += nbytes
-        if newlines <= 0:
-            return []  # the middle of the unfinished line is missing; the line goes on
-        region = self._partial + b"\n"
-        hit, self._partial, self._partial_hit = self._partial_hit, b"", None
-        if region != b"\n" or hit is not None:
-            self._scan(region, hit, now)
-        else:
-            self._lineno += 1
-        self._lineno += newlines - 1
-        self._prev.clear()
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        self._grow_partial(tail, now)
-        return out
-
-    def flush(self, found_before: float) -> list[Candidate]:
-        """Hand out every held candidate once the oldest was found before ``found_before``.
-
-        They go with the look-ahead they have, all together: a burst of timeout lines stays
-        in one report. A candidate inside an unfinished line stays: its line may still grow.
-        """
-        if not self._pending or self._pending[0].since > found_before:
-            return []
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        return out
-
-    def close(self) -> list[Candidate]:
-        """End of input: the unfinished line is the last line; hand out everything."""
-        if self._partial or self._partial_hit is not None:
-            region, hit = self._partial, self._partial_hit
-            self._partial, self._partial_hit = b"", None
-            self._scan(region, hit, 0.0)
-            self._lineno += 1  # the last line had no newline of its own
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        return out
-
-    def _grow_partial(self, data: bytes, now: float) -> None:
-        if not data:
-            return
-        self._partial += data
-        if len(self._partial) <= LONG_LINE:
-            return
-        # A line of megabytes without a newline (binary output, a progress bar that never
-        # ends): look for an anchor in what has come so far, then keep only its end, enough to
-        # see an anchor that straddles the next chunk.
-        if self._partial_hit is None:
-            m = self._pattern.search(self._partial)
-            if m is not None:
-                self._partial_hit = _Pending(
-                    self._lineno, _clip(self._partial, m.start()), tuple(self._prev), [], now
-                )
-        self._partial = self._partial[-MAX_LINE:]
-
-    def _scan(self, region: bytes, hit: _Pending | None, now: float) -> None:
-        """Scan complete lines (``region`` ends with a newline, except at the very end)."""
-        if self._pending:
-            need = LOOKAHEAD - min(len(p.after) for p in self._pending)
-            head = _lines_from(region, 0, need)
-            for p in self._pending:
-                p.after.extend(head[: LOOKAHEAD - len(p.after)])
-        start = 0
-        if hit is not None:  # the first line is a long line whose candidate is already known
-            first_end = region.find(b"\n")
-            first_end = len(region) if first_end < 0 else first_end
-            hit.after.extend(_lines_from(region, first_end + 1, LOOKAHEAD))
-            self._pending.append(hit)
-            start = first_end + 1
-        lineno = self._lineno
-        counted = 0
-        pos = start
-        end = len(region)
-        while pos < end:
-            m = self._pattern.search(region, pos)
-            if m is None:
-                break
-            at = m.start()
-            line_start = region.rfind(b"\n", 0, at) + 1
-            line_end = region.find(b"\n", at)
-            if line_end < 0:
-                line_end = end
-            lineno += region.count(b"\n", counted, line_start)
-            counted = line_start
-            before = _lines_before(region, line_start, LOOKBEHIND)
-            missing = LOOKBEHIND - len(before)
-            if missing and self._prev:
-                before = list(self._prev)[-missing:] + before
-            self._pending.append(
-                _Pending(
-                    lineno,
-                    _clip(region[line_start:line_end], at - line_start),
-                    tuple(before),
-                    _lines_from(region, line_end + 1, LOOKAHEAD),
-                    now,
-                )
-            )
-            pos = line_end + 1
-        self._prev.extend(_lines_before(region, len(region), LOOKBEHIND))
-        self._lineno += region.count(b"\n")
-
-    def _ready(self) -> list[Candidate]:
-        out: list[Candidate] = []
-        while self._pending and len(self._pending[0].after) >= LOOKAHEAD:
-            out.append(self._pending.popleft().done())
-        return out
-
 
 # ----------------------------------------------------------------------------- live triage
 
@@ -364,7 +150,7 @@ class LiveTriage:
         from nccl_triage.pipeline import Triage, scan_patterns
 
         self.triage: Triage = Triage(source, ruleset)
-        self.scanner = LiveScanner(scan_patterns(ruleset))
+        self.scanner = Scanner(scan_patterns(ruleset))
         self.window = window if window is not None else lookback_lines(ruleset)
         self._sink = sink
         self._hold, self._settle, self._max_wait = hold, settle, max_wait
@@ -390,7 +176,7 @@ class LiveTriage:
         self._take(self.scanner.feed(data, self._clock()))
 
     def skip(self, nbytes: int, newlines: int, tail: bytes) -> None:
-        """Bytes the analyser did not get (see :meth:`LiveScanner.skip`)."""
+        """Bytes the analyser did not get (see :meth:`Scanner.skip`)."""
         st = self.status
         first = self.scanner.complete_lines + 1
         st.dropped_bytes += nbytes

@@ -20,8 +20,9 @@ from typing import Any
 from lark import Lark, Token, Transformer
 from lark.exceptions import LarkError, VisitError
 
+from nccl_triage.ingest.anchors import ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
-from nccl_triage.ingest.scan import ANCHORS, Candidate, scan
+from nccl_triage.ingest.scan import Candidate, scan
 from nccl_triage.model import Event, Kind, Line, Occurrence
 from nccl_triage.parse.anatomy import peel
 
