@@ -218,14 +218,14 @@ def test_an_internal_error_is_a_row_and_the_run_goes_on(
 ) -> None:
     (tmp_path / "bad.log").write_text(TIMEOUT.format(rank=0))
     (tmp_path / "good.log").write_text(TIMEOUT.format(rank=0))
-    real = b._triage_file
+    real = b._feed_file
 
-    def flaky(f: b.InputFile, *args: Any) -> Any:
+    def flaky(triage: Any, f: b.InputFile, *args: Any) -> Any:
         if f.name.endswith("bad.log"):
             raise RuntimeError("boom")
-        return real(f, *args)
+        return real(triage, f, *args)
 
-    monkeypatch.setattr(b, "_triage_file", flaky)
+    monkeypatch.setattr(b, "_feed_file", flaky)
     result = b.run_batch([str(tmp_path)], ruleset, b.BatchOptions(workers=1))
     by_name = {Path(o.job.name).name: o for o in result.outcomes}
     assert by_name["bad.log"].verdict is None

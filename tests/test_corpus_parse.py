@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import CORPUS, corpus_available
-from nccl_triage.parse.core import parse_path
+from nccl_triage.pipeline import parse_path
 
 pytestmark = pytest.mark.skipif(not corpus_available(), reason="corpus not available")
 

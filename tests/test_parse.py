@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nccl_triage.model import Event
-from nccl_triage.parse.core import parse_message, parse_text
+from nccl_triage.parse.core import parse_message
+from nccl_triage.pipeline import parse_text
 
 HEADER = "[rank3]:[E1022 03:48:07.493651427 ProcessGroupNCCL.cpp:607] "
 WATCHDOG = (

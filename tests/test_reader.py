@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from nccl_triage.errors import InputError
 from nccl_triage.ingest.reader import iter_lines, lines_from_bytes, segments, strip_ansi
-from nccl_triage.ingest.scan import scan
-from nccl_triage.parse.core import ParseResult, parse_candidates, parse_path
+from nccl_triage.model import Report
+from nccl_triage.pipeline import Triage, parse_path
+from nccl_triage.ruleset.core import Ruleset
 
 LOG = Path(__file__).parent / "data" / "two-ranks-allreduce-timeout.log"
 
@@ -33,15 +34,16 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     return [p for p in pieces if p]
 
 
-def parse_bytes(chunks: list[bytes]) -> ParseResult:
+def parse_bytes(chunks: list[bytes]) -> Report:
     """What parse_text and parse_path do with the bytes, chunk boundaries included."""
-    stats: dict[str, int] = {}
-    result = parse_candidates(scan(chunks, stats=stats), "<bytes>")
-    result.lines = stats.get("lines", 0)
-    return result
+    triage = Triage(Ruleset(rules=[], signals=[]), "<bytes>", diagnose=False)
+    for chunk in chunks:
+        triage.feed(chunk)
+    triage.close()
+    return triage.report()
 
 
-def summary(result: ParseResult) -> list[dict[str, object]]:
+def summary(result: Report) -> list[dict[str, object]]:
     return [{**e.to_dict(), "source": e.source} for e in result.events]
 
 

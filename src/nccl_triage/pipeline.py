@@ -1,43 +1,34 @@
-"""The one pipeline everyone calls: an input and a ruleset in, a :class:`Report` out.
+"""The one pipeline everyone calls: bytes of one or more inputs in, a :class:`Report` out.
 
-Input: a path (``-`` for stdin, compressed or not) or a string, and a :class:`Ruleset`.
-Output: a :class:`Report`: verdict, ordered findings, events, job facts. Rendering is left to
-:mod:`nccl_triage.render.core`, so batch runs can skip it.
+Input: bytes pushed in chunks (:class:`Triage`), or a path, a string or a job of files (the
+helpers below), and a :class:`Ruleset`. Output: a :class:`Report`: verdict, ordered findings,
+events, job facts. ``triage``, ``parse``, ``batch``, ``watch``/``run`` and the rule examples
+all go through :class:`Triage`; rendering is left to :mod:`nccl_triage.render`, so batch runs
+can skip it.
+
+Stages, per input: the candidate scan (:mod:`nccl_triage.ingest.scan`), the grammar with line
+joining and deduplication (:mod:`nccl_triage.parse`), the context signals
+(:mod:`nccl_triage.diagnose.signals`); then, for the whole job, the facts across ranks and the
+rule engine (:mod:`nccl_triage.diagnose`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO
 
-from nccl_triage.diagnose.engine import FAILURE_KINDS, Correlation, correlate
-from nccl_triage.diagnose.facts import JobFacts, compute_facts
+from nccl_triage.diagnose.engine import FAILURE_KINDS, correlate
+from nccl_triage.diagnose.facts import compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.ingest.anchors import ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
-from nccl_triage.ingest.scan import Candidate, regex_anchor, scan
-from nccl_triage.model import Event, Finding, Kind, Line
+from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
+from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
-from nccl_triage.parse.core import Unparsed, _Parser
+from nccl_triage.parse.core import Deduper, LineParser
 from nccl_triage.ruleset.core import Ruleset
-
-SCHEMA = "nccl-triage/1"
-
-
-@dataclass
-class Report:
-    """What triage found in one input (a log file, or one job made of per-rank files)."""
-
-    source: str
-    verdict: str  # clean | nccl_timeout | nccl_error
-    findings: list[Finding]
-    events: list[Event]  # grammar events, deduplicated
-    signals: list[Event]  # context signal events
-    facts: JobFacts
-    lines: int = 0
-    unparsed: list[Unparsed] = field(default_factory=list)
-    correlation: Correlation | None = None
 
 
 def verdict_of(events: Iterable[Event]) -> str:
@@ -50,33 +41,120 @@ def verdict_of(events: Iterable[Event]) -> str:
     return "clean"
 
 
+def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
+    """Return the anchors of the chunk scan.
+
+    The grammar's literals, the signals' literals, and the signal patterns that have no
+    literal anchor (as regular expressions).
+    """
+    literals, regexes = scan_anchors(ruleset.signals)
+    return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
+
+
+@dataclass
+class _Input:
+    """What the pipeline keeps for one input (one file of a job, or the one stream)."""
+
+    source: str
+    scanner: Scanner
+    parser: LineParser
+    signals: SignalClassifier
+    rank_hint: int | None = None
+    candidates: int = 0
+
+
 class Triage:
-    """Incremental triage of one input: feed candidates, then ask for the report."""
+    """Incremental triage of one input or of one job made of several (per-rank files).
 
-    def __init__(self, source: str, ruleset: Ruleset) -> None:
+    Feed bytes (per source when there are several), close each input, ask for the report at
+    any time. ``diagnose=False`` parses only (no signals, facts or rules: ``parse``).
+    """
+
+    def __init__(self, ruleset: Ruleset, source: str = "<text>", *, diagnose: bool = True) -> None:
         self.source = source
-        self.ruleset = ruleset
-        self._parser = _Parser(source)
-        self._signals = SignalClassifier(ruleset.signals)
-        self.lines = 0
+        self.ruleset = ruleset if diagnose else Ruleset(rules=[], signals=[])
+        self._anchors = scan_patterns(self.ruleset)
+        self._inputs: dict[str, _Input] = {}
 
-    def feed(self, cand: Candidate) -> None:
-        """Take one candidate line: grammar events and signals."""
-        self._parser.feed(cand)
-        if self.ruleset.signals:
-            for seg in segments(cand.raw):
-                self._signals.feed(peel(Line(self.source, cand.lineno, seg)))
+    # -- input
 
-    def report(self) -> Report:
-        """Correlate what was fed so far into a report."""
-        return build_report(
-            self.source,
-            self.ruleset,
-            self._parser.dedupe.events(),
-            list(self._signals.events),
-            self.lines,
-            self._parser.unparsed,
-        )
+    def open(self, source: str | None = None, rank_hint: int | None = None) -> None:
+        """Start an input (a file of a job); ``rank_hint`` is its rank from the file's name."""
+        name = self.source if source is None else source
+        if name not in self._inputs:
+            self._inputs[name] = _Input(
+                name,
+                Scanner(self._anchors),
+                LineParser(name),
+                SignalClassifier(self.ruleset.signals),
+                rank_hint,
+            )
+
+    def discard(self, source: str) -> None:
+        """Forget an input that could not be read to its end (its partial events too)."""
+        self._inputs.pop(source, None)
+
+    def _input(self, source: str | None) -> _Input:
+        name = self.source if source is None else source
+        if name not in self._inputs:
+            self.open(name)
+        return self._inputs[name]
+
+    def feed(self, data: bytes, source: str | None = None, now: float = 0.0) -> int:
+        """Take the next bytes of an input; return how many candidate lines they completed."""
+        inp = self._input(source)
+        return self._take(inp, inp.scanner.feed(data, now))
+
+    def skip(
+        self, nbytes: int, newlines: int, tail: bytes, source: str | None = None, now: float = 0.0
+    ) -> int:
+        """Bytes of a stream that were not seen (see :meth:`Scanner.skip`)."""
+        inp = self._input(source)
+        return self._take(inp, inp.scanner.skip(nbytes, newlines, tail, now))
+
+    def flush(self, found_before: float, source: str | None = None) -> int:
+        """Hand on candidates still waiting for their look-ahead since before ``found_before``."""
+        inp = self._input(source)
+        return self._take(inp, inp.scanner.flush(found_before))
+
+    def close(self, source: str | None = None) -> None:
+        """End of an input."""
+        inp = self._input(source)
+        self._take(inp, inp.scanner.close())
+
+    def _take(self, inp: _Input, cands: list[Candidate]) -> int:
+        for cand in cands:
+            inp.candidates += 1
+            inp.parser.feed(cand)
+            if self.ruleset.signals:
+                for seg in segments(cand.raw):
+                    inp.signals.feed(peel(Line(inp.source, cand.lineno, seg)))
+        return len(cands)
+
+    # -- state
+
+    @property
+    def lines(self) -> int:
+        """Physical lines read so far, over every input."""
+        return sum(i.scanner.lines for i in self._inputs.values())
+
+    @property
+    def bytes(self) -> int:
+        """Bytes read so far, over every input."""
+        return sum(i.scanner.bytes for i in self._inputs.values())
+
+    @property
+    def candidates(self) -> int:
+        """Candidate lines handed to the grammar so far."""
+        return sum(i.candidates for i in self._inputs.values())
+
+    def complete_lines(self, source: str | None = None) -> int:
+        """Lines of an input that ended with a newline so far."""
+        return self._input(source).scanner.complete_lines
+
+    def oldest_pending(self, source: str | None = None) -> float | None:
+        """When the oldest candidate still waiting for its look-ahead was found, or None."""
+        return self._input(source).scanner.oldest_pending
 
     def prune_signals(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
         """Forget signal events that ended before ``before_line``; return how many.
@@ -85,17 +163,43 @@ class Triage:
         further back than its window. ``keep`` spares old events it returns True for (those
         near a failure already seen, whose diagnosis must not fade).
         """
-        events = self._signals.events
-        kept = [
-            e
-            for e in events
-            if int(e.detail.get("last_line") or e.line) >= before_line
-            or (keep is not None and keep(e))
-        ]
-        dropped = len(events) - len(kept)
-        events[:] = kept
-        self._signals.forget_before(before_line)
-        return dropped
+        return sum(i.signals.prune(before_line, keep) for i in self._inputs.values())
+
+    # -- the report
+
+    def events(self) -> list[Event]:
+        """The grammar's events of every input, deduplicated (across the files of a job too)."""
+        inputs = list(self._inputs.values())
+        if len(inputs) == 1:
+            return inputs[0].parser.dedupe.events()
+        job = Deduper()
+        for inp in inputs:
+            for ev in _with_file_rank(inp.parser.dedupe.events(), inp):
+                job.add(ev)
+        return job.events()
+
+    def report(self) -> Report:
+        """Correlate what was fed so far into a report."""
+        inputs = list(self._inputs.values())
+        signals: list[Event] = []
+        unparsed: list[Unparsed] = []
+        for inp in inputs:
+            sigs = inp.signals.events
+            signals.extend(_with_file_rank(sigs, inp) if len(inputs) > 1 else sigs)
+            unparsed.extend(inp.parser.unparsed)
+        return build_report(self.source, self.ruleset, self.events(), signals, self.lines, unparsed)
+
+
+def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:
+    """Events of one file of a job, those without a rank given the file's rank.
+
+    The file's rank is the one rank its lines name, or else the hint from its name.
+    """
+    named = {e.rank for e in events if e.rank is not None}
+    own = next(iter(named)) if len(named) == 1 else (inp.rank_hint if not named else None)
+    if own is None:
+        return events
+    return [e if e.rank is not None else dataclasses.replace(e, rank=own) for e in events]
 
 
 def build_report(
@@ -111,7 +215,7 @@ def build_report(
     facts = compute_facts(everything)
     verdict = verdict_of(events)
     correlation = Correlation()
-    if verdict != "clean":
+    if verdict != "clean" and ruleset.rules:
         correlation = correlate(everything, facts, ruleset.rules)
     return Report(
         source=source,
@@ -126,26 +230,30 @@ def build_report(
     )
 
 
-def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
-    """Return the anchors of the chunk scan.
+# ----------------------------------------------------------------------------- entry points
 
-    The grammar's literals, the signals' literals, and the signal patterns that have no
-    literal anchor (as regular expressions).
-    """
-    literals, regexes = scan_anchors(ruleset.signals)
-    return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
+
+def feed_file(
+    triage: Triage, path: str, source: str | None = None, stdin: IO[bytes] | None = None
+) -> None:
+    """Read one file (a path, ``-`` for stdin, plain or compressed) into ``triage``."""
+    name = display_name(path) if source is None else source
+    with open_binary(path, stdin) as fh:
+        for chunk in iter_chunks(fh):
+            triage.feed(chunk, name)
+    triage.close(name)
 
 
 def triage_path(path: str, ruleset: Ruleset, stdin: IO[bytes] | None = None) -> Report:
-    """Triage one input: a path, ``-`` for stdin, plain or compressed."""
+    """Triage one input: a path, ``-`` for stdin, plain or compressed.
+
+    Raises:
+        InputError: the input cannot be read.
+    """
     name = display_name(path)
-    stats: dict[str, int] = {}
-    state = Triage(name, ruleset)
-    with open_binary(path, stdin) as fh:
-        for cand in scan(iter_chunks(fh), scan_patterns(ruleset), stats):
-            state.feed(cand)
-    state.lines = stats.get("lines", 0)
-    return state.report()
+    triage = Triage(ruleset, name)
+    feed_file(triage, path, name, stdin)
+    return triage.report()
 
 
 def triage_job(paths: list[str], ruleset: Ruleset, name: str | None = None) -> Report:
@@ -158,29 +266,36 @@ def triage_job(paths: list[str], ruleset: Ruleset, name: str | None = None) -> R
     Raises:
         InputError: one of the files cannot be read.
     """
-    from nccl_triage.parse.core import Deduper
-
-    dedupe = Deduper()
-    signals: list[Event] = []
-    unparsed: list[Unparsed] = []
-    lines = 0
-    parse_only = Ruleset(rules=[], signals=ruleset.signals)
-    for path in paths:
-        part = triage_path(path, parse_only)
-        for ev in part.events:
-            dedupe.add(ev)
-        signals.extend(part.signals)
-        unparsed.extend(part.unparsed)
-        lines += part.lines
     source = name or (paths[0] if len(paths) == 1 else f"{len(paths)} files")
-    return build_report(source, ruleset, dedupe.events(), signals, lines, unparsed)
+    triage = Triage(ruleset, source)
+    for path in paths:
+        feed_file(triage, path)
+    return triage.report()
 
 
 def triage_text(text: str, ruleset: Ruleset, source: str = "<text>") -> Report:
     """Triage a log given as a string (rule examples, tests)."""
-    stats: dict[str, int] = {}
-    state = Triage(source, ruleset)
-    for cand in scan([text.encode("utf-8", "surrogateescape")], scan_patterns(ruleset), stats):
-        state.feed(cand)
-    state.lines = stats.get("lines", 0)
-    return state.report()
+    triage = Triage(ruleset, source)
+    triage.feed(text.encode("utf-8", "surrogateescape"))
+    triage.close()
+    return triage.report()
+
+
+def parse_path(path: str, stdin: IO[bytes] | None = None) -> Report:
+    """Read one input and parse its events only (no signals, no diagnosis): ``parse``.
+
+    Raises:
+        InputError: the input cannot be read.
+    """
+    name = display_name(path)
+    triage = Triage(Ruleset(rules=[], signals=[]), name, diagnose=False)
+    feed_file(triage, path, name, stdin)
+    return triage.report()
+
+
+def parse_text(text: str, source: str = "<text>") -> Report:
+    """Parse a log given as a string (tests)."""
+    triage = Triage(Ruleset(rules=[], signals=[]), source, diagnose=False)
+    triage.feed(text.encode("utf-8", "surrogateescape"))
+    triage.close()
+    return triage.report()

@@ -39,9 +39,8 @@ from typing import IO, TYPE_CHECKING, Any
 from nccl_triage import __version__
 from nccl_triage.errors import InputError, TemplateError, TriageError
 from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
-from nccl_triage.ingest.scan import scan
-from nccl_triage.model import Event, Finding
-from nccl_triage.pipeline import Report, Triage, build_report, scan_patterns
+from nccl_triage.model import Event, Finding, Report
+from nccl_triage.pipeline import Triage
 from nccl_triage.ruleset.core import Ruleset
 
 if TYPE_CHECKING:
@@ -421,54 +420,45 @@ def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
     their rank get the file's rank: the one rank its lines name, or the layout's.
     """
     errors: list[list[Any]] = [[i, f.error, "access"] for i, f in enumerate(job.files) if f.error]
-    parse_only = Ruleset(rules=[], signals=ruleset.signals, template_dirs=ruleset.template_dirs)
-    patterns = scan_patterns(ruleset)
-    parts: list[Report] = []
+    triage = Triage(ruleset, job.name)
     heads: list[str] = []
+    read = 0
     for i, f in enumerate(job.files):
         if f.error:
             continue
         try:
-            part, head = _triage_file(f, parse_only, patterns)
+            head = _feed_file(triage, f, len(job.files) > 1)
         except InputError as exc:
             # Damaged compression is a property of the bytes: cached with them. Access
             # problems (permissions, I/O) may be gone next time.
             kind = "content" if exc.msg.startswith(("truncated", "damaged")) else "access"
             errors.append([i, str(InputError(f.name, exc.msg)), kind])
+            triage.discard(f.name)
             continue
         except Exception as exc:  # noqa: BLE001 - one odd file must not stop thousands of jobs
             errors.append([i, f"{f.name}: internal error: {type(exc).__name__}: {exc}", "internal"])
+            triage.discard(f.name)
             continue
-        if len(job.files) > 1:
-            _assign_rank(part, f.rank)
-        parts.append(part)
+        read += 1
         if head:
             heads.append(head)
-    if not parts:
+    if not read:
         return {"verdict": None, "errors": errors, "files_read": 0}
-    report = _job_report(job, ruleset, parts)
-    return _result(job, report, ruleset, heads, errors, len(parts))
+    return _result(job, triage.report(), ruleset, heads, errors, read)
 
 
-def _triage_file(
-    f: InputFile, parse_only: Ruleset, patterns: tuple[str, ...]
-) -> tuple[Report, str | None]:
-    state = Triage(f.name, parse_only)
-    stats: dict[str, int] = {}
-    head: list[bytes] = []
+def _feed_file(triage: Triage, f: InputFile, several: bool) -> str | None:
+    """Read one file of a job into ``triage``; return the ISO time its first bytes show."""
+    triage.open(f.name, rank_hint=f.rank if several else None)
+    head = b""
     with _open(f) as fh:
-        for cand in scan(_chunks_keeping_head(fh, head), patterns, stats):
-            state.feed(cand)
-    state.lines = stats.get("lines", 0)
-    first = _ISO_TIME.search(head[0]) if head else None
-    return state.report(), first.group(0).decode() if first else None
-
-
-def _chunks_keeping_head(fh: Reader, head: list[bytes]) -> Iterator[bytes]:
-    for chunk in iter_chunks(fh):
-        if not head:
-            head.append(chunk[:HEAD_BYTES])
-        yield chunk
+        for chunk in iter_chunks(fh):
+            if not head:
+                head = chunk[:HEAD_BYTES]
+            triage.feed(chunk, f.name)
+    triage.close(f.name)
+    first = _ISO_TIME.search(head) if head else None
+    return first.group(0).decode() if first else None
 
 
 @contextlib.contextmanager
@@ -495,33 +485,6 @@ def _open(f: InputFile) -> Iterator[Reader]:
         yield reader
     finally:
         raw.close()
-
-
-def _assign_rank(part: Report, hint: int | None) -> None:
-    events = [*part.events, *part.signals]
-    named = {e.rank for e in events if e.rank is not None}
-    own = next(iter(named)) if len(named) == 1 else (hint if not named else None)
-    if own is None:
-        return
-    for e in events:
-        if e.rank is None:
-            e.rank = own
-
-
-def _job_report(job: Job, ruleset: Ruleset, parts: list[Report]) -> Report:
-    if len(parts) == 1:
-        p = parts[0]
-        return build_report(job.name, ruleset, p.events, p.signals, p.lines, p.unparsed)
-    from nccl_triage.parse.core import Deduper
-
-    dedupe = Deduper()
-    for p in parts:
-        for ev in p.events:
-            dedupe.add(ev)
-    signals = [s for p in parts for s in p.signals]
-    unparsed = [u for p in parts for u in p.unparsed]
-    lines = sum(p.lines for p in parts)
-    return build_report(job.name, ruleset, dedupe.events(), signals, lines, unparsed)
 
 
 def _result(

@@ -23,7 +23,7 @@ from nccl_triage.errors import TriageError
 from nccl_triage.model import Event, Kind
 
 if TYPE_CHECKING:  # the grammar (lark) is imported only by the commands that parse
-    from nccl_triage.parse.core import ParseResult
+    from nccl_triage.model import Report
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -104,7 +104,7 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     with _quiet_broken_pipe():
         for path in logs:
             try:
-                from nccl_triage.parse.core import parse_path
+                from nccl_triage.pipeline import parse_path
 
                 result = parse_path(path)
             except TriageError as exc:
@@ -235,13 +235,13 @@ _FAILURE_KINDS = frozenset(
 )
 
 
-def _print_jsonl(result: ParseResult, out: TextIO) -> None:
+def _print_jsonl(result: Report, out: TextIO) -> None:
     for ev in result.events:
         obj = {"source": result.source, **ev.to_dict()}
         out.write(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
-def _print_unparsed(result: ParseResult, out: TextIO) -> None:
+def _print_unparsed(result: Report, out: TextIO) -> None:
     out.writelines(f"{result.source}:{item.line}: {item.text}\n" for item in result.unparsed)
 
 
@@ -296,7 +296,7 @@ def _summary(ev: Event) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _print_table(result: ParseResult, out: TextIO, many: bool) -> None:
+def _print_table(result: Report, out: TextIO, many: bool) -> None:
     if many:
         out.write(f"== {result.source}\n")
     if not result.events:

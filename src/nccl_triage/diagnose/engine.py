@@ -13,14 +13,22 @@ around the trigger, optionally on the same or another rank), or its absence
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import re2
 
-from nccl_triage.diagnose.facts import JobFacts
-from nccl_triage.model import Clause, Condition, Event, Finding, Kind, Rule
+from nccl_triage.model import (
+    Clause,
+    Condition,
+    Correlation,
+    Event,
+    Explanation,
+    Finding,
+    JobFacts,
+    Kind,
+    Rule,
+)
 
 # ``match: {event: failure}`` triggers on any of these: the ways a job fails in NCCL.
 FAILURE_KINDS = frozenset(
@@ -37,24 +45,6 @@ FAILURE_KINDS = frozenset(
 )
 ANY_FAILURE = "failure"
 _TRIGGER_ORDER: dict[str, int] = {Kind.NCCL_WARN: 2}
-
-
-@dataclass
-class Explanation:
-    """Why a rule did or did not fire (``--explain``)."""
-
-    rule: Rule
-    fired: bool
-    reason: str
-    finding: Finding | None = None  # kept even when an "unknown" finding is left out of the report
-
-
-@dataclass
-class Correlation:
-    """The engine's answer: findings in order, and the reasoning for every rule."""
-
-    findings: list[Finding] = field(default_factory=list)
-    explanations: list[Explanation] = field(default_factory=list)
 
 
 def correlate(events: Sequence[Event], facts: JobFacts, rules: Iterable[Rule]) -> Correlation:

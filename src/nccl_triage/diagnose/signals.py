@@ -8,7 +8,7 @@ progress bar redrawn a thousand times) becomes one event with ``count`` and ``la
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -67,11 +67,20 @@ class SignalClassifier:
         self._open: dict[tuple[str, int | None, str], Event] = {}
         self.events: list[Event] = []
 
-    def forget_before(self, before_line: int) -> None:
-        """Close the runs that ended before ``before_line`` (they can no longer be extended)."""
-        for key, ev in list(self._open.items()):
+    def prune(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
+        """Forget events that ended before ``before_line`` (unless ``keep``); return how many."""
+        kept = [
+            e
+            for e in self.events
+            if int(e.detail.get("last_line") or e.line) >= before_line
+            or (keep is not None and keep(e))
+        ]
+        dropped = len(self.events) - len(kept)
+        self.events[:] = kept
+        for key, ev in list(self._open.items()):  # runs that ended can no longer be extended
             if int(ev.detail.get("last_line") or ev.line) < before_line:
                 del self._open[key]
+        return dropped
 
     def feed(self, line: Line) -> list[Event]:
         """Classify one line; return the signal events it started (not those it extended)."""

@@ -45,10 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner
+from nccl_triage.ingest.scan import MAX_LINE
 
 if TYPE_CHECKING:
-    from nccl_triage.pipeline import Report, Triage
+    from nccl_triage.model import Report
+    from nccl_triage.pipeline import Triage
     from nccl_triage.ruleset.core import Ruleset
 
 # ----------------------------------------------------------------------------- tuning
@@ -147,10 +148,9 @@ class LiveTriage:
         window: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from nccl_triage.pipeline import Triage, scan_patterns
+        from nccl_triage.pipeline import Triage
 
-        self.triage: Triage = Triage(source, ruleset)
-        self.scanner = Scanner(scan_patterns(ruleset))
+        self.triage: Triage = Triage(ruleset, source)
         self.window = window if window is not None else lookback_lines(ruleset)
         self._sink = sink
         self._hold, self._settle, self._max_wait = hold, settle, max_wait
@@ -173,22 +173,20 @@ class LiveTriage:
 
     def feed(self, data: bytes) -> None:
         """Take the next bytes of the stream."""
-        self._take(self.scanner.feed(data, self._clock()))
+        self._took(self.triage.feed(data, now=self._clock()))
 
     def skip(self, nbytes: int, newlines: int, tail: bytes) -> None:
         """Bytes the analyser did not get (see :meth:`Scanner.skip`)."""
         st = self.status
-        first = self.scanner.complete_lines + 1
+        first = self.triage.complete_lines() + 1
         st.dropped_bytes += nbytes
         st.dropped_lines += newlines
         st.dropped_from = first if st.dropped_from is None else st.dropped_from
         st.dropped_to = first + newlines
-        self._take(self.scanner.skip(nbytes, newlines, tail, self._clock()))
+        self._took(self.triage.skip(nbytes, newlines, tail, now=self._clock()))
 
-    def _take(self, cands: list[Candidate]) -> None:
-        for cand in cands:
-            self.triage.feed(cand)
-        if cands:
+    def _took(self, candidates: int) -> None:
+        if candidates:
             self._fed = True
             self._prune()
 
@@ -197,7 +195,7 @@ class LiveTriage:
     def tick(self) -> float | None:
         """Do what is due; return how long until something else will be (None: nothing)."""
         now = self._clock()
-        self._take(self.scanner.flush(now - self._hold))
+        self._took(self.triage.flush(now - self._hold))
         if self._fed and now - self._last_eval >= EVAL_INTERVAL_S:
             self._evaluate(now)
         due = self._emit_due()
@@ -211,7 +209,7 @@ class LiveTriage:
         return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _flush_due(self) -> float | None:
-        since = self.scanner.oldest_pending
+        since = self.triage.oldest_pending()
         return None if since is None else since + self._hold
 
     def _eval_due(self) -> float | None:
@@ -226,7 +224,6 @@ class LiveTriage:
     def _evaluate(self, now: float) -> None:
         self._fed = False
         self._last_eval = now
-        self.triage.lines = self.scanner.lines
         report = self.triage.report()
         self._report = report
         self._note_failures(report)
@@ -249,7 +246,7 @@ class LiveTriage:
         # Forget signals no rule can reach any more: older than the window before the current
         # line, and not within the window of a failure already seen (its diagnosis must not
         # fade while the job goes on).
-        before = self.scanner.complete_lines - self.window
+        before = self.triage.complete_lines() - self.window
         if before - self._pruned_to < max(self.window // 10, 1):
             return
         self._pruned_to = before
@@ -278,8 +275,7 @@ class LiveTriage:
 
     def finish(self, end: dict[str, Any] | None = None) -> Report:
         """End of input: hand out every held candidate and make the final report."""
-        self._take(self.scanner.close())
-        self.triage.lines = self.scanner.lines
+        self.triage.close()
         report = self.triage.report()
         self.status.end = end or {"reason": "eof"}
         self._emit(report, self._clock(), final=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -21,9 +20,9 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import LarkError, VisitError
 
 from nccl_triage.ingest.anchors import ANCHORS
-from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
-from nccl_triage.ingest.scan import Candidate, scan
-from nccl_triage.model import Event, Kind, Line, Occurrence
+from nccl_triage.ingest.reader import segments
+from nccl_triage.ingest.scan import Candidate
+from nccl_triage.model import Event, Kind, Line, Occurrence, Unparsed
 from nccl_triage.parse.anatomy import peel
 
 Fields = dict[str, Any]
@@ -1042,28 +1041,11 @@ _ANCHOR_RE = re.compile("|".join(re.escape(a) for a in sorted(ANCHORS, key=len, 
 MAX_JOIN = 4
 
 
-@dataclass
-class Unparsed:
-    """A candidate line that the grammar could not read."""
+class LineParser:
+    """The grammar over one input's candidate lines: joins wrapped messages, reads blocks.
 
-    line: int
-    text: str
-
-
-@dataclass
-class ParseResult:
-    """Everything ``parse`` learns from one input."""
-
-    source: str
-    events: list[Event] = field(default_factory=list)
-    unparsed: list[Unparsed] = field(default_factory=list)
-    lines: int = 0
-    bytes: int = 0
-    candidates: int = 0
-
-
-class _Parser:
-    """Per-input state: wrapped-line consumption, block parsing and deduplication."""
+    Events go to :attr:`dedupe`; lines that hold an anchor but no message to :attr:`unparsed`.
+    """
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -1073,6 +1055,7 @@ class _Parser:
         self.candidates = 0
 
     def feed(self, cand: Candidate) -> None:
+        """Parse one candidate line (joined with its neighbours when a message was wrapped)."""
         if cand.lineno <= self.consumed_until:
             return
         self.candidates += 1
@@ -1436,37 +1419,3 @@ def _add_occurrence(into: Event, ev: Event) -> None:
     if len(into.occurrences) < MAX_OCCURRENCES:
         into.occurrences.append(Occurrence(ev.line, ev.rank, ev.text))
     into.repeats += max(ev.repeats, 0)
-
-
-# ----------------------------------------------------------------------------- entry points
-
-
-def parse_candidates(candidates: Iterable[Candidate], source: str) -> ParseResult:
-    """Parse the candidate lines of one input into deduplicated events."""
-    state = _Parser(source)
-    for cand in candidates:
-        state.feed(cand)
-    result = ParseResult(source=source, events=state.dedupe.events(), unparsed=state.unparsed)
-    result.candidates = state.candidates
-    return result
-
-
-def parse_path(path: str, stdin: Any = None, anchors: tuple[str, ...] = ANCHORS) -> ParseResult:
-    """Read one input (path, ``-``, compressed or not) and parse its events."""
-    name = display_name(path)
-    stats: dict[str, int] = {}
-    with open_binary(path, stdin) as fh:
-        result = parse_candidates(scan(iter_chunks(fh), anchors, stats), name)
-    result.lines = stats.get("lines", 0)
-    result.bytes = stats.get("bytes", 0)
-    return result
-
-
-def parse_text(text: str, source: str = "<text>") -> ParseResult:
-    """Parse a log given as a string (tests, rule examples)."""
-    data = text.encode("utf-8", errors="surrogateescape")
-    stats: dict[str, int] = {}
-    result = parse_candidates(scan([data], ANCHORS, stats), source)
-    result.lines = stats.get("lines", 0)
-    result.bytes = stats.get("bytes", 0)
-    return result

@@ -19,10 +19,8 @@ import jinja2
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
-from nccl_triage.diagnose.facts import JobFacts
 from nccl_triage.errors import TemplateError
-from nccl_triage.model import Event, Finding, Kind
-from nccl_triage.pipeline import SCHEMA, Report
+from nccl_triage.model import SCHEMA, Event, Finding, JobFacts, Kind, Report
 
 
 def human_ms(value: Any) -> str:

@@ -23,12 +23,12 @@ from typing import Any
 import re2
 import yaml
 
-from nccl_triage.diagnose.facts import JobFacts
 from nccl_triage.errors import RuleError
 from nccl_triage.model import (
     Clause,
     Condition,
     Example,
+    JobFacts,
     Kind,
     Location,
     Pattern,

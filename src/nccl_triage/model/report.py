@@ -1,0 +1,99 @@
+"""What triage says about an input: job facts, the engine's reasoning, and the report.
+
+Input: nothing (this module does no I/O). Output: the dataclasses a :class:`Report` is made
+of; :mod:`nccl_triage.render` turns a report into text, markdown or JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nccl_triage.model.events import Event
+from nccl_triage.model.rules import Finding, Rule
+
+SCHEMA = "nccl-triage/1"
+
+# NumelIn/NumelOut count elements, not bytes, and the dtype is not in the line. Mixed-precision
+# training moves bf16/fp16 (2 bytes) in its big collectives; that is what the estimate assumes.
+ASSUMED_DTYPE = "bf16/fp16"
+ASSUMED_ELEMENT_BYTES = 2
+UNSET_NUMEL = 18446744073709551615  # COALESCED in 2.2-2.4 prints -1 as an unsigned 64-bit value
+
+
+@dataclass
+class JobFacts:
+    """What the log shows about the job as a whole."""
+
+    world_size: int | None = None
+    ranks_seen: list[int] = field(default_factory=list)
+    ranks_timed_out: list[int] = field(default_factory=list)
+    ranks_not_timed_out: list[int] = field(default_factory=list)  # likely culprits
+    timeouts: int = 0
+    op_types: list[str] = field(default_factory=list)
+    min_seq: int | None = None
+    max_seq: int | None = None
+    seq_spread: int = 0  # max - min SeqNum over the timed-out works of one process group
+    last_completed: dict[int, int] = field(default_factory=dict)
+    last_seq: dict[int, int] = field(default_factory=dict)  # per rank: the SeqNum it timed out in
+    furthest_behind: list[int] = field(default_factory=list)
+    mismatched_collective: bool = False
+    mismatch: list[dict[str, Any]] = field(default_factory=list)
+    timeout_ms: int | None = None
+    ran_for_ms: int | None = None
+    max_numel: int | None = None
+    max_bytes: int | None = None
+    assumed_dtype: str = ASSUMED_DTYPE
+    first_failure_rank: int | None = None
+    first_failure_exit_code: int | None = None
+    first_failure_signal: str | None = None
+    nccl_versions: list[str] = field(default_factory=list)
+    failed_ranks: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the facts as plain data (for templates, JSON and rule conditions)."""
+        out = asdict(self)
+        out["last_completed"] = {str(k): v for k, v in self.last_completed.items()}
+        out["last_seq"] = {str(k): v for k, v in self.last_seq.items()}
+        return out
+
+
+@dataclass
+class Unparsed:
+    """A candidate line that the grammar could not read."""
+
+    line: int
+    text: str
+
+
+@dataclass
+class Explanation:
+    """Why a rule did or did not fire (``--explain``)."""
+
+    rule: Rule
+    fired: bool
+    reason: str
+    finding: Finding | None = None  # kept even when an "unknown" finding is left out of the report
+
+
+@dataclass
+class Correlation:
+    """The engine's answer: findings in order, and the reasoning for every rule."""
+
+    findings: list[Finding] = field(default_factory=list)
+    explanations: list[Explanation] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """What triage found in one input (a log file, or one job made of per-rank files)."""
+
+    source: str
+    verdict: str  # clean | nccl_timeout | nccl_error
+    findings: list[Finding]
+    events: list[Event]  # grammar events, deduplicated
+    signals: list[Event]  # context signal events
+    facts: JobFacts
+    lines: int = 0
+    unparsed: list[Unparsed] = field(default_factory=list)
+    correlation: Correlation | None = None

@@ -1,0 +1,121 @@
+"""Rules and findings: what rule and signal files say, and what a rule that fired found.
+
+Input: nothing (this module does no I/O; :mod:`nccl_triage.ruleset` builds these from YAML).
+Output: frozen dataclasses for rules, signals, clauses and conditions, and :class:`Finding`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nccl_triage.model.events import Event
+
+
+class Severity(StrEnum):
+    """How bad a diagnosis is (a rule's ``severity``)."""
+
+    INFO = "info"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a rule or signal was defined, for error messages."""
+
+    source: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """One regular expression of a signal (RE2 syntax: linear time, no backreferences)."""
+
+    name: str
+    regex: str
+    anchors: tuple[str, ...] = ()  # literals that every match contains, for the chunk scan
+    on_message: bool = False  # the regex reads the message (prefixes peeled), not the whole line
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A named family of context patterns (``rules/signals/*.yaml``)."""
+
+    id: str
+    description: str
+    patterns: tuple[Pattern, ...]
+    ignore_case: bool
+    source: Location
+    exclude: tuple[str, ...] = ()  # near-misses: a line matching one is not this signal
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A test on one field: equality, membership, comparison or an RE2 match."""
+
+    field: str
+    op: str  # eq, in, gt, ge, lt, le, ne, matches, exists
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Clause:
+    """A context clause: an event or signal near the trigger, or its absence."""
+
+    event: str
+    where: tuple[Condition, ...] = ()
+    lines: int | None = None
+    seconds: float | None = None
+    direction: str = "before"  # before, after, around
+    present: bool = True
+    same_rank: bool = False
+    other_rank: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """An example log a rule must (``match``) or must not (``no-match``) fire on."""
+
+    name: str
+    expect: str  # match | no-match
+    log: str | None
+    file: str | None
+    source: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One diagnosis rule (``rules/<id>.yaml``)."""
+
+    id: str
+    title: str
+    cause: str
+    severity: Severity
+    confidence: float
+    description: str
+    match: Clause
+    context: tuple[Clause, ...]
+    facts: tuple[Condition, ...]
+    advice: str  # template file name in templates/
+    references: tuple[str, ...]
+    examples: tuple[Example, ...]
+    source: Location
+    owner: str | None = None
+
+
+@dataclass(slots=True)
+class Finding:
+    """A rule that fired: its trigger and the context events that made it fire."""
+
+    rule: Rule
+    trigger: Event
+    evidence: list[Event]
+    confidence: float
+    specificity: int
