@@ -16,7 +16,9 @@ import yaml
 from conftest import ROOT
 from nccl_triage.model import Event, Line
 from nccl_triage.parse.anatomy import peel
-from nccl_triage.parse.core import Deduper, make_event, parse_message
+from nccl_triage.parse.dedupe import Deduper
+from nccl_triage.parse.lines import make_event
+from nccl_triage.parse.messages import parse_message
 from nccl_triage.pipeline import parse_text
 
 DATA = Path(__file__).parent / "data" / "reference_examples.yaml"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nccl_triage.model import Event
-from nccl_triage.parse.core import parse_message
+from nccl_triage.parse.messages import parse_message
 from nccl_triage.pipeline import parse_text
 
 HEADER = "[rank3]:[E1022 03:48:07.493651427 ProcessGroupNCCL.cpp:607] "
@@ -520,7 +520,8 @@ def test_generated_watchdog_line_round_trips_hard_wrapped(
 def test_a_long_glued_line_parses_in_linear_time() -> None:
     import time
 
-    from nccl_triage.parse.core import parse_message, parser
+    from nccl_triage.parse.grammar import parser
+    from nccl_triage.parse.messages import parse_message
 
     parser()
     start = time.perf_counter()

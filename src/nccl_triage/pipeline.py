@@ -27,7 +27,8 @@ from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, se
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
 from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
-from nccl_triage.parse.core import Deduper, LineParser
+from nccl_triage.parse.dedupe import Deduper
+from nccl_triage.parse.lines import LineParser
 from nccl_triage.ruleset.core import Ruleset
 
 

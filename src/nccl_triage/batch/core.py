@@ -632,7 +632,7 @@ _worker_ruleset: Ruleset | None = None
 
 def _init_worker(ruleset: Ruleset) -> None:
     global _worker_ruleset
-    from nccl_triage.parse.core import parser
+    from nccl_triage.parse.grammar import parser
 
     _worker_ruleset = ruleset
     parser()  # build the grammar once per process, before the first job
@@ -687,7 +687,7 @@ def run_processes(
 
     context = multiprocessing.get_context(_start_method())
     if context.get_start_method() == "fork":
-        from nccl_triage.parse.core import parser
+        from nccl_triage.parse.grammar import parser
 
         parser()  # built once here, inherited by every worker
     elif context.get_start_method() == "forkserver":

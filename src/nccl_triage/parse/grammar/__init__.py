@@ -1,1 +1,0 @@
-"""The Lark grammar of NCCL / process-group / torchrun messages (``nccl.lark``)."""

@@ -1,0 +1,265 @@
+"""Candidate lines to events: joining hard-wrapped messages, reading blocks, building events.
+
+Input: :class:`~nccl_triage.ingest.scan.Candidate` lines of one input. Output: events in a
+:class:`~nccl_triage.parse.dedupe.Deduper` (the same timeout seen in a watchdog line, a status
+line and a ``what():`` line is one event), and the candidate lines the grammar could not read.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from nccl_triage.ingest.anchors import ANCHORS
+from nccl_triage.ingest.reader import segments
+from nccl_triage.ingest.scan import Candidate
+from nccl_triage.model import Event, Kind, Line, Unparsed
+from nccl_triage.parse.anatomy import peel
+from nccl_triage.parse.dedupe import Deduper
+from nccl_triage.parse.eras import era_of
+from nccl_triage.parse.fields_common import Fields
+from nccl_triage.parse.grammar import parse_tree
+from nccl_triage.parse.messages import PRELUDE_TAIL, REPEATED, normalize, parse_message, salvage
+
+MAX_UNPARSED = 10_000
+
+_STRONG_START = re.compile(
+    r"\s*(?:\[rank\d+\]|\[[A-Za-z_][\w.-]*\d+\]:|\[[FEWIV]\d{0,4}[ \d:.]*[\w.+-]+:\d+\]"
+    r"|[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |\[?\d{4}-\d\d-\d\d|frame #|Exception raised from|terminate called"
+    r"|Traceback|File \"|[\w.-]+:\d+:\d+ \[\d+\]|\(\w+ pid=|[\w.]+(?:Error|Exception):|\[\d+\] |=====|-----)"
+)
+_ANCHOR_RE = re.compile("|".join(re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)))
+MAX_JOIN = 4
+
+
+class LineParser:
+    """The grammar over one input's candidate lines: joins wrapped messages, reads blocks.
+
+    Events go to :attr:`dedupe`; lines that hold an anchor but no message to :attr:`unparsed`.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.consumed_until = 0
+        self.dedupe = Deduper()
+        self.unparsed: list[Unparsed] = []
+        self.candidates = 0
+
+    def feed(self, cand: Candidate) -> None:
+        """Parse one candidate line (joined with its neighbours when a message was wrapped)."""
+        if cand.lineno <= self.consumed_until:
+            return
+        self.candidates += 1
+        segs = segments(cand.raw)
+        for i, seg in enumerate(segs):
+            if not _ANCHOR_RE.search(seg):
+                continue
+            last = i == len(segs) - 1
+            self._feed_segment(cand, seg, first=i == 0, last=last)
+
+    def _feed_segment(self, cand: Candidate, text: str, first: bool, last: bool) -> None:
+        line = peel(Line(self.source, cand.lineno, text))
+        after = [_decode(raw) for raw in cand.after] if last else []
+        fields, used = self._parse_with_joins(line, after)
+        start_line = line
+        if first and _continues_previous(cand, text, line, fields is not None):
+            prev = peel(Line(self.source, cand.lineno - 1, _decode(cand.before[-1]) + text))
+            joined, used_b = self._parse_with_joins(prev, after)
+            whole = fields is None or (
+                _has_own_prefix(prev)
+                and not any(p.kind == "lead" for p in prev.prefixes)
+                and parse_tree(normalize(prev.message + "".join(after[:used_b]))) is not None
+            )
+            if joined is not None and not joined.get("_incomplete") and whole:
+                fields, used, start_line = joined, used_b, prev
+        if fields is None:
+            fields = salvage(line.message, prefixed=_has_own_prefix(line))
+            used = 0
+            if fields is None:
+                if len(self.unparsed) < MAX_UNPARSED:
+                    self.unparsed.append(Unparsed(cand.lineno, text))
+                return
+        if used:
+            self.consumed_until = max(self.consumed_until, cand.lineno + used)
+        kind = fields.get("kind")
+        if kind == Kind.CHILD_FAILED and fields.get("form") in ("root_cause", "failures"):
+            self._child_block(start_line, fields, [_decode(r) for r in cand.after], cand.lineno)
+            return
+        if (
+            kind == Kind.NCCL_ERROR
+            and fields.get("form") == "last_error"
+            and not fields.get("last_error")
+        ):
+            value = (
+                peel(Line(self.source, cand.lineno + 1, _decode(cand.after[0]))).message
+                if cand.after
+                else ""
+            )
+            if value.strip():
+                fields["last_error"] = normalize(value)
+                self.consumed_until = max(self.consumed_until, cand.lineno + 1)
+        if kind == "child_field":
+            return  # a ChildFailedError record line outside a block: nothing to pin it on
+        self.dedupe.add(make_event(start_line, fields, self._joined_text(start_line, after, used)))
+
+    def _joined_text(self, line: Line, after: list[str], used: int) -> str:
+        if not used:
+            return line.text.strip()
+        return normalize(line.text + "".join(after[:used]))
+
+    def _parse_with_joins(self, line: Line, after: list[str]) -> tuple[Fields | None, int]:
+        fields = parse_message(line.message)
+        if fields is not None and not fields.get("_incomplete"):
+            return fields, 0
+        message = line.message
+        own = len(message)
+        for k in range(min(MAX_JOIN, len(after))):
+            nxt = after[k]
+            if not nxt.strip() or _STRONG_START.match(nxt):
+                break
+            message += nxt
+            joined = parse_message(message, head_before=own)
+            if joined is not None and not joined.get("_incomplete"):
+                return joined, k + 1
+        return fields, 0
+
+    def _child_block(self, line: Line, head: Fields, after: list[str], lineno: int) -> None:
+        """Read the records of a ChildFailedError block (``Root Cause`` or ``Failures:``)."""
+        role = "root_cause" if head.get("form") == "root_cause" else "other"
+        record: Fields | None = None
+        record_line = lineno
+        used = 0
+        for offset, raw in enumerate(after, start=1):
+            text = raw.strip()
+            if not text:
+                break
+            if re.fullmatch(r"[=\-*]{5,}", text) or re.match(
+                r"(?:Other\s+)?Failures:|Root Cause", text
+            ):
+                break
+            used = offset
+            if re.fullmatch(r"\[\d+\]:", text):
+                if record:
+                    self._add_child(line, record, role, record_line)
+                record, record_line = {}, lineno + offset
+                continue
+            if text == "<NO_OTHER_FAILURES>":
+                break
+            fields = parse_message(text)
+            if fields is None or fields.get("kind") != "child_field":
+                continue
+            if record is None:
+                record, record_line = {}, lineno + offset
+            record.update(
+                {k: v for k, v in fields.items() if k != "kind" and not k.startswith("_")}
+            )
+        if record:
+            self._add_child(line, record, role, record_line)
+        self.consumed_until = max(self.consumed_until, lineno + used)
+
+    def _add_child(self, line: Line, record: Fields, role: str, lineno: int) -> None:
+        fields: Fields = {"kind": Kind.CHILD_FAILED, "form": role, **record}
+        rank = record.get("rank")
+        text = ", ".join(f"{k}={v}" for k, v in record.items() if v is not None)
+        row = Line(line.source, lineno, text, message=text, rank=rank)
+        self.dedupe.add(make_event(row, fields, line.text.strip() + " " + text))
+
+
+def _continues_previous(cand: Candidate, text: str, line: Line, parsed: bool) -> bool:
+    """Tell whether a candidate line may be the second half of a line hard-wrapped before it."""
+    if not cand.before:
+        return False
+    if _only_prefixes(cand.before[-1]):
+        return True  # a wrap right after the prefixes: they are no line of their own
+    if _STRONG_START.match(text):
+        return False
+    return (
+        not parsed  # a wrap in the middle of a word
+        or any(p.kind == "lead" for p in line.prefixes)  # inside the header: text before it
+        or (not _has_own_prefix(line) and parse_tree(normalize(line.message)) is None)
+    )
+
+
+def _only_prefixes(raw: bytes) -> bool:
+    """Tell whether a physical line holds PyTorch's prefixes (and PG prefixes) but no message."""
+    if not raw.rstrip().endswith((b"]", b"]:")):
+        return False  # every prefix ends so: most lines are ruled out without peeling them
+    line = peel(Line("", 0, _decode(raw)))
+    message = normalize(line.message)
+    return _has_own_prefix(line) and (not message or PRELUDE_TAIL.match(message) is not None)
+
+
+def _has_own_prefix(line: Line) -> bool:
+    """Tell whether PyTorch's own prefixes were peeled off a line (a header, ``[rankN]:``)."""
+    return any(p.kind in ("header", "tee", "excepthook") for p in line.prefixes)
+
+
+def _decode(raw: bytes) -> str:
+    return segments(raw)[-1]
+
+
+def make_event(line: Line, fields: Fields, text: str) -> Event:
+    """Build an :class:`Event` from a peeled line and the grammar's fields."""
+    f = dict(fields)
+    eras = f.pop("_eras", [])
+    incomplete = bool(f.pop("_incomplete", False))
+    f.pop("tail", None)
+    repeats = 0
+    m = REPEATED.search(line.text)
+    if m:
+        repeats = int(m[1])
+    kind = str(f.pop("kind"))
+    core: dict[str, Any] = {}
+    for name in (
+        "pg",
+        "pg_guid",
+        "pg_desc",
+        "pg_rank",
+        "seq",
+        "op_type",
+        "numel_in",
+        "numel_out",
+        "tensor_shape",
+        "timeout_ms",
+        "ran_for_ms",
+        "last_enqueued",
+        "last_started",
+        "last_completed",
+        "form",
+    ):
+        if name in f:
+            core[name] = f.pop(name)
+    rank = f.pop("rank", None)
+    host = f.pop("host", None)
+    pid = f.pop("pid", None)
+    local_rank = f.pop("local_rank", None)
+    if kind == Kind.CHILD_FAILED:
+        # the record's rank is the failed rank, not the rank of the line printing it
+        rank = rank if rank is not None else line.rank
+    else:
+        rank = line.rank if line.rank is not None else rank
+    if rank is None and core.get("pg_rank") is not None and core.get("pg") in (None, "0"):
+        rank = core["pg_rank"]  # "[Rank N]" in the default process group is the global rank
+    detail: dict[str, str | int | None] = {}
+    for key, value in f.items():
+        if isinstance(value, list):  # rank lists of the desync report: "3", "0, 1, 2"
+            value = ", ".join(str(v) for v in value)
+        if value is None or isinstance(value, (str, int)):
+            detail[key] = value
+    return Event(
+        kind=kind,
+        source=line.source,
+        line=line.lineno,
+        text=text,
+        rank=rank,
+        local_rank=line.local_rank if line.local_rank is not None else local_rank,
+        host=line.host or host,
+        pid=pid if pid is not None else line.pid,
+        time=line.time,
+        ts=line.ts,
+        partial=incomplete,
+        pytorch_era=era_of(line, eras),
+        detail=detail,
+        repeats=repeats,
+        **core,
+    )

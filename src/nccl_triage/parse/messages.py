@@ -1,0 +1,149 @@
+"""One message at a time: undo terminal damage, find the message in its line, salvage damage.
+
+Input: a message (a line with its prefixes peeled). Output: the grammar's fields, from the
+whole message, or from where a known family starts after unknown text (a logger format we do
+not know, prose), or what survives of a damaged timeout message (``salvage``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from lark import Token
+
+from nccl_triage.model import Kind
+from nccl_triage.parse.fields_common import Fields
+from nccl_triage.parse.grammar import parse_tree, transformer
+
+# Where a family's message starts, to retry after unknown text in front of it.
+_HEADS = re.compile(
+    r"Watchdog\s*caught|Caught\s*collective|Work\s*WorkNCCL|Timeout\s*at\s*NCCL|Exception\s*\(either"
+    r"|failure\s*detected\s*by|(?:NCCL|Process\s*group)\s*watchdog\s*thread|NCCL\s*communicator\s*was"
+    r"|Some\s*NCCL\s*operations|To\s*avoid\s*data|terminate\s*called|ProcessGroupNCCL\s*'s"
+    r"|Heartbeat\s*monitor|First\s*PG|Received\s*a|Observed\s*flight|Terminating\s*the\s*process"
+    r"|NCCL\s*error|NCCL\s*timeout\s*in|nccl[A-Z]\w*:|Last\s*error:|CUDA\s*error:|Cuda\s*failure"
+    r"|Detected\s*mismatch|failed\s*\(exitcode|Sending\s*process|Received\s*\d+\s*death"
+    r"|The\s*(?:client|server)\s*socket|TCP\s*client|\[\d+\]\s*is\s*setting|wait\s*timeout\s*after"
+    r"|Timed\s*out|Socket\s*Timeout|Timeout\s*waiting|Root\s*Cause|Failures:|\b\w*ChildFailedError"
+    r"|recvValue|Stack\s*trace\s*of|Not\s*all\s*ranks|Connection\s*closed\s*by\s*peer"
+    r"|Unable\s*to\s*find\s*address|Environment\s*variable|(?<![\w.-])[\w.-]+:\d+:\d+\s*\[\d+\]"
+    r"|NCCL\s*version|ProcessGroupNCCL\s*(?:preparing|monitor)|Could\s*not\s*acquire"
+)
+# Prelude tokens that may stand right before a head: exception classes, what():, PG prefixes.
+PRELUDE_TAIL = re.compile(
+    r"(?:(?:[A-Za-z_][\w.:]*(?:Error|Exception)\s*:|what\(\)\s*:|\[\s*(?:Rank\s*\d+|PG\s[^\[\]]*?Rank\s*\d+)\s*\]"
+    r"|\[c10d\]|Warning\s*:)\s*)+$"
+)
+# Preludes are short: looking further back than this before a head would make the search
+# quadratic on a long glued line.
+_PRELUDE_REACH = 512
+REPEATED = re.compile(r"\s*\[repeated (\d+)x across cluster\]\s*$")
+_DAMAGE = re.compile(r"[ \t]{3,}")  # terminal copies insert runs of spaces inside words
+_RETYPED = re.compile(r"WorkNCCL\(\s*(?:\.\.\.|…)\s*\)|\d\+\s*milli|[=:]\s*(?:\.\.\.|…|<\w+>|N\b)")
+
+
+def normalize(message: str) -> str:
+    """Undo terminal damage in a message: runs of three or more spaces never belong to one."""
+    return _DAMAGE.sub("", message.strip())
+
+
+def parse_message(message: str, head_before: int | None = None) -> Fields | None:
+    """Parse one message (prefixes already peeled) into fields, or None if it is not one.
+
+    Unknown text in front of a family's head (a logger format we do not know, prose) is
+    skipped, keeping exception class, ``what():`` and process-group prefixes just before it.
+    With ``head_before``, only a head starting before that offset counts (the message's own
+    line, when continuation lines were appended to it).
+    """
+    text = normalize(message)
+    if not text:
+        return None
+    result = parse_tree(text)
+    if result is not None:
+        return result
+    limit = len(normalize(message[:head_before])) if head_before is not None else len(text)
+    for m in _HEADS.finditer(text):
+        start = m.start()
+        if start >= limit:
+            break
+        if start == 0:
+            continue
+        pre = PRELUDE_TAIL.search(text, max(0, start - _PRELUDE_REACH), start)
+        begin = pre.start() if pre else start
+        result = parse_tree(text[begin:])
+        if result is not None:
+            return result
+    return None
+
+
+# Damaged timeout messages: the fields that survive, read one by one.
+_SALVAGE_HEAD = re.compile(
+    r"Watchdog\s*caught|Caught\s*collective\s*operation\s*timeout|timed\s*out\s*in\s*blocking\s*wait"
+    r"|Timeout\s*at\s*NCCL\s*work|detected\s*by\s*watchdog\s*at\s*work|either\s*an\s*error\s*or\s*timeout"
+    r"|failure\s*detected\s*by\s*watchdog"
+)
+_SALVAGE_FIELDS = (
+    ("seq", re.compile(r"SeqNum\s*=\s*(\d+)")),
+    ("op_type", re.compile(r"OpType\s*=\s*(_?[A-Z][A-Z_]*)")),
+    ("numel_in", re.compile(r"NumelIn\s*=\s*(\d+)")),
+    ("numel_out", re.compile(r"NumelOut\s*=\s*(\d+)")),
+    ("tensor_shape", re.compile(r"TensorShape\s*=\s*(\[[\d,\s]*\])")),
+    ("timeout_ms", re.compile(r"Timeout\s*\(\s*ms\s*\)\s*=\s*(\d+)")),
+    ("ran_for_ms", re.compile(r"ran\s*for\s*(\d+)\s*milli")),
+    ("seq", re.compile(r"(?:at\s*work|NCCL\s*work|sequence\s*id)\s*:\s*(\d+)")),
+    ("last_enqueued", re.compile(r"last\s*enqueued\s*(?:NCCL\s*)?work\s*:\s*(-?\d+)")),
+    ("last_completed", re.compile(r"last\s*completed\s*(?:NCCL\s*)?work\s*:\s*(-?\d+)")),
+)
+
+
+def salvage(message: str, prefixed: bool = False) -> Fields | None:
+    """Read what survives of a damaged timeout message (cut, glued, garbled), or None.
+
+    ``prefixed`` tells that the line carried PyTorch's own prefixes (a c10/glog header, a
+    ``[rankN]:``), which makes a line cut inside the opening phrase believable.
+    """
+    text = normalize(message)
+    head = _SALVAGE_HEAD.search(text)
+    if head is None or _RETYPED.search(text):
+        return None
+    out: Fields = {"kind": Kind.WATCHDOG_TIMEOUT, "form": "damaged", "_incomplete": True}
+    pre = PRELUDE_TAIL.search(text, max(0, head.start() - _PRELUDE_REACH), head.start())
+    found = False
+    for name, rx in _SALVAGE_FIELDS:
+        if name in out:
+            continue
+        m = rx.search(text, head.start())
+        if m:
+            out[name] = m[1] if name in ("op_type", "tensor_shape") else int(m[1])
+            found = True
+    if not found:
+        # Only the phrase survives. A line cut inside it counts; prose or code quoting it
+        # ("How do I fix the Watchdog caught ... error?") does not.
+        before = text[: pre.start()] if pre else text[: head.start()]
+        rest = re.sub(r"\s+", "", text[head.start() :])
+        cut = any(c.startswith(rest) or rest.startswith(c) for c in _CUT_PHRASES)
+        if before.strip() or not (prefixed or pre) or not cut:
+            return None
+    if pre:
+        out.update(_parse_prelude(pre.group(0)))
+    return out
+
+
+# The opening phrases of the timeout families without spaces, up to their first value.
+_CUT_PHRASES = (
+    "Watchdogcaughtcollectiveoperationtimeout:WorkNCCL(",
+    "Caughtcollectiveoperationtimeout:WorkNCCL(",
+    "TimeoutatNCCLwork:",
+    "detectedbywatchdogatwork:",
+    "failuredetectedbywatchdogatworksequenceid:",
+)
+
+
+def _parse_prelude(text: str) -> Fields:
+    out: Fields = {}
+    for m in re.finditer(r"\[\s*(?:Rank\s*\d+|PG\s[^\[\]]*?Rank\s*\d+)\s*\]", text):
+        fields = transformer().pg_prefix([Token("PG_PREFIX", m.group(0))])
+        fields.pop("_eras", None)
+        for key, value in fields.items():
+            out.setdefault(key, value)
+    return out
