@@ -312,7 +312,7 @@ def bench_analysis_memory(log: Path) -> dict:
     """Every byte analysed in-process (no dropping): time and peak RSS of the analysis."""
     code = f"""
 import os, resource, sys, time
-from nccl_triage.live.core import LiveTriage
+from nccl_triage.live.triage import LiveTriage
 from nccl_triage.ruleset.core import load_ruleset
 rs = load_ruleset()
 reports = []

@@ -18,9 +18,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner, Result
 
-from nccl_triage.batch import core as b
+from nccl_triage import batch as b
+from nccl_triage.batch import job as batch_job
 from nccl_triage.cli import main
+from nccl_triage.errors import TriageError
 from nccl_triage.pipeline import triage_path
+from nccl_triage.render import html as batch_html
 from nccl_triage.ruleset.core import load_ruleset
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
@@ -141,7 +144,7 @@ def test_group_by_pattern_names_job_and_rank() -> None:
     assert [f.rank for f in by_name["a/job-17"].files] == [0, 1]
     assert by_name["a/job-17"].layout == "pattern"
     assert len(b.group_jobs(files(*names), per_file=True)) == 4
-    with pytest.raises(b.TriageError, match="not a regular expression"):
+    with pytest.raises(TriageError, match="not a regular expression"):
         b.group_jobs(files(*names), pattern="(")
 
 
@@ -218,14 +221,14 @@ def test_an_internal_error_is_a_row_and_the_run_goes_on(
 ) -> None:
     (tmp_path / "bad.log").write_text(TIMEOUT.format(rank=0))
     (tmp_path / "good.log").write_text(TIMEOUT.format(rank=0))
-    real = b._feed_file
+    real = batch_job._feed_file
 
     def flaky(triage: Any, f: b.InputFile, *args: Any) -> Any:
         if f.name.endswith("bad.log"):
             raise RuntimeError("boom")
         return real(triage, f, *args)
 
-    monkeypatch.setattr(b, "_feed_file", flaky)
+    monkeypatch.setattr(batch_job, "_feed_file", flaky)
     result = b.run_batch([str(tmp_path)], ruleset, b.BatchOptions(workers=1))
     by_name = {Path(o.job.name).name: o for o in result.outcomes}
     assert by_name["bad.log"].verdict is None
@@ -448,7 +451,7 @@ def test_html_escapes_log_text_and_loads_nothing(tmp_path: Path, ruleset: Any) -
         f"Saving model checkpoint to /ckpt/{evil}\n" + TIMEOUT.format(rank=1)
     )
     result = b.run_batch([str(tmp_path)], ruleset)
-    html = b.render_html(result)
+    html = batch_html.render_html(result)
     assert result.outcomes[0].diagnoses[0]["cause"] == "slow_checkpoint_save"
     assert "&lt;script&gt;alert(" in html
     assert html.count("<script") == 1  # the page's own sorting script
@@ -458,7 +461,7 @@ def test_html_escapes_log_text_and_loads_nothing(tmp_path: Path, ruleset: Any) -
 
 
 def test_advice_markdown_is_escaped_before_markup() -> None:
-    html = str(b._advice_html("Do `<b>x</b>` now:\n- raise `timeout`\n- <i>then</i>\n"))
+    html = str(batch_html._advice_html("Do `<b>x</b>` now:\n- raise `timeout`\n- <i>then</i>\n"))
     assert html == (
         "<p>Do <code>&lt;b&gt;x&lt;/b&gt;</code> now:</p>\n<ul>\n"
         "<li>raise <code>timeout</code></li>\n<li>&lt;i&gt;then&lt;/i&gt;</li>\n</ul>"
@@ -553,7 +556,7 @@ def test_report_in_a_headless_browser(tmp_path: Path) -> None:
     )
     width, height, rows = _png_pixels(shot.read_bytes())
     assert (width, height) == (1200, 900)
-    colors = {bytes.fromhex(c[1:]) for c in b.CAUSE_COLORS.values()}
+    colors = {bytes.fromhex(c[1:]) for c in batch_html.CAUSE_COLORS.values()}
     painted = sum(
         1 for row in rows[:600] for i in range(0, len(row), 3 * 4) if row[i : i + 3] in colors
     )

@@ -26,15 +26,11 @@ from typing import Any
 import pytest
 
 from conftest import CORPUS, FIXTURES, corpus_available
-from nccl_triage.live.core import (
-    AnalyserConfig,
-    FrameReader,
-    LiveStatus,
-    LiveTriage,
-    ReportSink,
-    encode_frame,
-)
-from nccl_triage.pipeline import Report, triage_path, triage_text
+from nccl_triage.live.analyser import ReportSink
+from nccl_triage.live.link import AnalyserConfig, FrameReader, encode_frame
+from nccl_triage.live.triage import LiveStatus, LiveTriage
+from nccl_triage.model import Report
+from nccl_triage.pipeline import triage_path, triage_text
 from nccl_triage.ruleset.core import Ruleset, load_ruleset
 
 CLI = [sys.executable, "-m", "nccl_triage"]

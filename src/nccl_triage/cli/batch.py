@@ -5,7 +5,7 @@ Output: the job table on stdout (or ``--out FILE``), the summary on stdout, ``--
 one warning on stderr per input that could not be read, a progress bar on a terminal, and the
 exit status of ``spec/json-output.md``: 0 when every job read is clean, 1 when a failure was
 diagnosed, 2 for a usage error or when no input could be read at all. The work is done by
-:mod:`nccl_triage.batch.core`, imported only when the command runs.
+:mod:`nccl_triage.batch`, imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def batch(
     gs://, file://). Results are cached by content, so a rerun over a growing archive only
     triages what is new or changed.
     """
-    from nccl_triage.batch import core as b
+    from nccl_triage import batch as b
     from nccl_triage.ruleset.core import load_ruleset
 
     if scheduler and engine != "dask":
@@ -180,7 +180,9 @@ def batch(
             out.write(f"\ntable: {out_path} ({len(table)} rows)\n")
         if html_path:
             try:
-                b.write_html(result, html_path)
+                from nccl_triage.render.html import write_html
+
+                write_html(result, html_path)
             except OSError as exc:
                 _usage(f"{html_path}: {exc.strerror or exc}")
             out.write(f"{'' if out_path else chr(10)}report: {html_path}\n")

@@ -1,4 +1,4 @@
-"""The ``watch`` and ``run`` commands: options in, :mod:`nccl_triage.live.core` does the work.
+"""The ``watch`` and ``run`` commands: options in, :mod:`nccl_triage.live` does the work.
 
 Input: argv (and standard input for ``watch``, a command line for ``run``). Output: the job's
 bytes unchanged on stdout/stderr, diagnoses on stderr or in ``--report FILE``, and an exit
@@ -16,13 +16,8 @@ from typing import IO, Any
 import click
 
 from nccl_triage.cli import EXIT_USAGE, _error, rule_source_options
-from nccl_triage.live.core import (
-    AnalyserConfig,
-    open_archive,
-    run_command,
-    start_analyser,
-    watch_stream,
-)
+from nccl_triage.live.link import AnalyserConfig, start_analyser
+from nccl_triage.live.pump import open_archive, run_command, watch_stream
 
 
 def _report_options(func: Callable[..., Any]) -> Callable[..., Any]:

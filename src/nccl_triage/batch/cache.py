@@ -1,0 +1,181 @@
+"""The result cache: job results in SQLite, keyed by content, ruleset and code versions.
+
+Input: jobs and their results. Output: results of unchanged jobs without triaging them again
+(a rerun over a growing archive only triages what is new or changed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from nccl_triage import __version__
+from nccl_triage.batch.inputs import (
+    CACHE_KEEP_DAYS,
+    CACHE_SCHEMA,
+    InputFile,
+    Job,
+    JobResult,
+    optional_module,
+    os_error_reason,
+)
+from nccl_triage.errors import InputError
+
+# ----------------------------------------------------------------------------- cache
+
+
+def default_db() -> Path:
+    """``$XDG_CACHE_HOME/nccl-triage/batch.sqlite``, or under ``~/.cache``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nccl-triage" / "batch.sqlite"
+
+
+# Modules that cannot change a job's result: the command line, live watching, rule tests.
+# Everything else (a new module too) counts, so a change errs towards triaging again.
+_NOT_IN_RESULTS = ("cli/*", "__main__.py", "live/*", "authoring/*", "render/html.py")
+
+
+def code_version() -> str:
+    """A digest of the code and grammar behind a result: results of another version are stale."""
+    h = hashlib.sha256(__version__.encode())
+    here = Path(__file__).resolve().parent.parent
+    for p in sorted([*here.rglob("*.py"), *here.rglob("*.lark")]):
+        rel = p.relative_to(here).as_posix()
+        if "_data" not in p.parts and not any(fnmatch.fnmatch(rel, g) for g in _NOT_IN_RESULTS):
+            h.update(rel.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class ResultCache:
+    """Job results in SQLite, keyed by the content of the job's files and the versions.
+
+    A file's content hash is remembered with its size, mtime and inode, so a rerun reads a
+    file again only when one of them changed.
+    """
+
+    def __init__(self, path: Path, versions: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.versions = versions
+        self.db = sqlite3.connect(str(path), timeout=30)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._schema()
+        except sqlite3.DatabaseError:
+            self.db.close()
+            raise
+
+    def _schema(self) -> None:
+        db = self.db
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is None or row[0] != str(CACHE_SCHEMA):
+            db.execute("DROP TABLE IF EXISTS files")
+            db.execute("DROP TABLE IF EXISTS results")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER,"
+            " mtime_ns INTEGER, ino INTEGER, digest TEXT)"
+        )
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, result TEXT,"
+            " created REAL, used REAL)"
+        )
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(CACHE_SCHEMA),))
+        db.commit()
+
+    def digest(self, f: InputFile) -> str:
+        """The content hash of a file (raw bytes, as stored), reusing the one remembered.
+
+        Raises:
+            InputError: the file cannot be read.
+        """
+        if f.is_url:
+            return _url_digest(f)
+        try:
+            st = os.stat(f.path)
+        except OSError as exc:
+            raise InputError(f.name, os_error_reason(exc)) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f.name, "is a directory")
+        real = os.path.realpath(f.path)
+        row = self.db.execute(
+            "SELECT digest FROM files WHERE path = ? AND size = ? AND mtime_ns = ? AND ino = ?",
+            (real, st.st_size, st.st_mtime_ns, st.st_ino),
+        ).fetchone()
+        if row is not None:
+            return str(row[0])
+        try:
+            with open(f.path, "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        except OSError as exc:
+            raise InputError(f.name, os_error_reason(exc)) from None
+        self.db.execute(
+            "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+            (real, st.st_size, st.st_mtime_ns, st.st_ino, digest),
+        )
+        return digest
+
+    def key(self, job: Job, digests: Sequence[str]) -> str:
+        """The cache key of a job: its files' contents and ranks, in order, and the versions."""
+        parts = [[d, f.rank] for f, d in zip(job.files, digests, strict=True)]
+        blob = json.dumps([CACHE_SCHEMA, self.versions, len(job.files) > 1, parts])
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def get(self, key: str) -> JobResult | None:
+        """The cached result under ``key``, if any."""
+        row = self.db.execute("SELECT result FROM results WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        self.db.execute("UPDATE results SET used = ? WHERE key = ?", (time.time(), key))
+        result: JobResult = json.loads(row[0])
+        return result
+
+    def put(self, key: str, result: JobResult) -> None:
+        """Remember a result (call :meth:`commit` to make it durable)."""
+        now = time.time()
+        self.db.execute(
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)",
+            (key, json.dumps(result, ensure_ascii=False), now, now),
+        )
+
+    def commit(self) -> None:
+        """Write what was remembered so far."""
+        self.db.commit()
+
+    def close(self) -> None:
+        """Drop results unused for :data:`CACHE_KEEP_DAYS`, then close the database."""
+        with contextlib.suppress(sqlite3.Error):
+            self.db.execute(
+                "DELETE FROM results WHERE used < ?", (time.time() - CACHE_KEEP_DAYS * 86400,)
+            )
+            self.db.commit()
+        self.db.close()
+
+
+def _url_digest(f: InputFile) -> str:
+    """A content hash of a remote file: the store's own checksum when it has one."""
+    fsspec = optional_module("fsspec")
+    try:
+        fs, path = fsspec.core.url_to_fs(f.path)
+        info = fs.info(path)
+        for key in ("ETag", "etag", "md5Hash", "crc32c", "md5", "checksum"):
+            if info.get(key):
+                return f"{key}:{info[key]}:{info.get('size')}"
+        with fs.open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except FileNotFoundError:
+        raise InputError(f.name, "no such file") from None
+    except PermissionError:
+        raise InputError(f.name, "permission denied") from None
+    except Exception as exc:  # noqa: BLE001 - any filesystem
+        raise InputError(f.name, f"{type(exc).__name__}: {exc}") from None

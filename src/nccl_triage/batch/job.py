@@ -1,0 +1,213 @@
+"""One job through the pipeline: its files read into one triage, the result as plain data.
+
+Input: a :class:`~nccl_triage.batch.inputs.Job` and a ruleset. Output: a :data:`JobResult`
+(JSON-able: verdict, diagnoses with evidence, facts, errors), what workers return and the
+cache keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from nccl_triage.batch.inputs import (
+    HEAD_BYTES,
+    ISO_TIME,
+    ISO_TIME_STR,
+    MAX_EVIDENCE,
+    MAX_TEXT,
+    InputFile,
+    Job,
+    JobResult,
+    optional_module,
+)
+from nccl_triage.errors import InputError, TemplateError
+from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
+from nccl_triage.model import Event, Finding, Report
+from nccl_triage.pipeline import Triage
+from nccl_triage.ruleset.core import Ruleset
+
+# ----------------------------------------------------------------------------- one job
+
+
+def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
+    """Triage one job's files as one input and return the result as plain data.
+
+    A file that cannot be read adds its error and nothing else; the job is triaged from the
+    files that could be read. Line numbers stay per file, and evidence names its file by
+    index into ``job.files``. In a job of several files, events of a file that does not say
+    their rank get the file's rank: the one rank its lines name, or the layout's.
+    """
+    errors: list[list[Any]] = [[i, f.error, "access"] for i, f in enumerate(job.files) if f.error]
+    triage = Triage(ruleset, job.name)
+    heads: list[str] = []
+    read = 0
+    for i, f in enumerate(job.files):
+        if f.error:
+            continue
+        try:
+            head = _feed_file(triage, f, len(job.files) > 1)
+        except InputError as exc:
+            # Damaged compression is a property of the bytes: cached with them. Access
+            # problems (permissions, I/O) may be gone next time.
+            kind = "content" if exc.msg.startswith(("truncated", "damaged")) else "access"
+            errors.append([i, str(InputError(f.name, exc.msg)), kind])
+            triage.discard(f.name)
+            continue
+        except Exception as exc:  # noqa: BLE001 - one odd file must not stop thousands of jobs
+            errors.append([i, f"{f.name}: internal error: {type(exc).__name__}: {exc}", "internal"])
+            triage.discard(f.name)
+            continue
+        read += 1
+        if head:
+            heads.append(head)
+    if not read:
+        return {"verdict": None, "errors": errors, "files_read": 0}
+    return _result(job, triage.report(), ruleset, heads, errors, read)
+
+
+def _feed_file(triage: Triage, f: InputFile, several: bool) -> str | None:
+    """Read one file of a job into ``triage``; return the ISO time its first bytes show."""
+    triage.open(f.name, rank_hint=f.rank if several else None)
+    head = b""
+    with _open(f) as fh:
+        for chunk in iter_chunks(fh):
+            if not head:
+                head = chunk[:HEAD_BYTES]
+            triage.feed(chunk, f.name)
+    triage.close(f.name)
+    first = ISO_TIME.search(head) if head else None
+    return first.group(0).decode() if first else None
+
+
+@contextlib.contextmanager
+def _open(f: InputFile) -> Iterator[Reader]:
+    if not f.is_url:
+        with open_binary(f.path) as reader:
+            reader.name = f.name
+            yield reader
+        return
+    fsspec = optional_module("fsspec")
+    if fsspec is None:
+        raise InputError(f.name, "URLs need fsspec: pip install 'nccl-triage[dask]'")
+    try:
+        raw: IO[bytes] = fsspec.open(f.path, "rb").open()
+    except FileNotFoundError:
+        raise InputError(f.name, "no such file") from None
+    except PermissionError:
+        raise InputError(f.name, "permission denied") from None
+    except Exception as exc:  # noqa: BLE001 - any filesystem: credentials, network
+        raise InputError(f.name, f"{type(exc).__name__}: {exc}") from None
+    try:
+        reader = open_binary("-", stdin=raw)  # decompression recognised by content
+        reader.name = f.name
+        yield reader
+    finally:
+        raw.close()
+
+
+def _result(
+    job: Job,
+    report: Report,
+    ruleset: Ruleset,
+    heads: list[str],
+    errors: list[list[Any]],
+    files_read: int,
+) -> JobResult:
+    from nccl_triage.render.core import render_advice
+
+    index = {f.name: i for i, f in enumerate(job.files)}
+    facts = report.facts
+    notes: list[str] = []
+    diagnoses = []
+    for f in report.findings:
+        try:
+            advice = render_advice(f, facts, ruleset.template_dirs)
+        except TemplateError as exc:
+            advice = ""
+            notes.append(f"advice not rendered: {exc}")
+        evidence = sorted([*f.evidence, f.trigger], key=lambda e: (index.get(e.source, -1), e.line))
+        diagnoses.append(
+            {
+                "rule": f.rule.id,
+                "cause": f.rule.cause,
+                "title": f.rule.title,
+                "severity": f.rule.severity.value,
+                "confidence": round(f.confidence, 4),
+                "evidence": [
+                    [index.get(e.source, -1), e.line, e.rank, _clip(e.text)]
+                    for e in evidence[:MAX_EVIDENCE]
+                ],
+                "advice": advice,
+                "references": list(f.rule.references),
+            }
+        )
+    everything = [*report.events, *report.signals]
+    trigger = report.findings[0].trigger if report.findings else _first_failure(report)
+    times = [
+        *heads,
+        *(m.group(0) for e in everything if e.time and (m := ISO_TIME_STR.search(e.time))),
+    ]
+    culprit = _culprit(report)
+    return {
+        "verdict": report.verdict,
+        "diagnoses": diagnoses,
+        "lines": report.lines,
+        "events": len(report.events),
+        "timeouts": facts.timeouts,
+        "op_type": (trigger.op_type if trigger and trigger.op_type else None)
+        or (",".join(facts.op_types) or None),
+        "seq": trigger.seq if trigger and trigger.seq is not None else facts.min_seq,
+        "timeout_ms": facts.timeout_ms,
+        "ranks_timed_out": facts.ranks_timed_out,
+        "ranks_not_timed_out": facts.ranks_not_timed_out,
+        "world_size": facts.world_size,
+        "culprit_rank": culprit,
+        "culprit_host": _host_of(everything, culprit),
+        "hosts": sorted({e.host for e in everything if e.host}),
+        "first_time": min((t.replace(" ", "T") for t in times), default=None),
+        "unparsed": len(report.unparsed),
+        "errors": errors,
+        "notes": notes,
+        "files_read": files_read,
+    }
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def _first_failure(report: Report) -> Event | None:
+    from nccl_triage.diagnose.engine import FAILURE_KINDS
+
+    return next((e for e in report.events if e.kind in FAILURE_KINDS), None)
+
+
+def _culprit(report: Report) -> int | None:
+    """The rank most likely at fault: named by the top diagnosis's evidence, or by the facts."""
+    facts = report.facts
+    timed_out = set(facts.ranks_timed_out)
+    top: Finding | None = report.findings[0] if report.findings else None
+    if top is not None:
+        for ev in top.evidence:
+            if ev.rank is not None and ev.rank not in timed_out:
+                return ev.rank
+    if len(facts.ranks_not_timed_out) == 1:
+        return facts.ranks_not_timed_out[0]
+    if len(facts.furthest_behind) == 1:
+        return facts.furthest_behind[0]
+    if not timed_out and facts.first_failure_rank is not None:
+        return facts.first_failure_rank
+    return None
+
+
+def _host_of(events: Iterable[Event], rank: int | None) -> str | None:
+    if rank is None:
+        return None
+    return next((e.host for e in events if e.rank == rank and e.host), None)
+
+
+def failed_result(job: Job, msg: str) -> JobResult:
+    """The result of a job that could not be triaged (a worker died, an internal error)."""
+    return {"verdict": None, "errors": [[-1, f"{job.name}: {msg}", "internal"]]}

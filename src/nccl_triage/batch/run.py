@@ -1,0 +1,226 @@
+"""A batch run: jobs through the cache and an engine into outcomes and statistics.
+
+Input: paths and options. Output: a :class:`BatchResult`, one :class:`Outcome` per job.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nccl_triage.errors import InputError
+from nccl_triage.ruleset.core import Ruleset
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+from nccl_triage.batch.cache import ResultCache, code_version
+from nccl_triage.batch.engines import run_dask, run_processes, run_serial
+from nccl_triage.batch.inputs import (
+    DEFAULT_INCLUDE,
+    SERIAL_BELOW,
+    InputFile,
+    Job,
+    JobResult,
+    Progress,
+    discover,
+    group_jobs,
+)
+from nccl_triage.batch.table import Summary, build_table, summarize
+
+# ----------------------------------------------------------------------------- batch run
+
+
+@dataclass
+class Outcome:
+    """One job and what triage said about it."""
+
+    job: Job
+    result: JobResult
+    cached: bool = False
+
+    @property
+    def verdict(self) -> str | None:
+        """``clean``, ``nccl_timeout``, ``nccl_error``, or None when nothing could be read."""
+        v = self.result.get("verdict")
+        return str(v) if v is not None else None
+
+    @property
+    def errors(self) -> list[str]:
+        """One message per file that could not be read."""
+        return [str(entry[1]) for entry in self.result.get("errors", [])]
+
+    @property
+    def diagnoses(self) -> list[dict[str, Any]]:
+        """The diagnoses, most likely first."""
+        return list(self.result.get("diagnoses", []))
+
+
+@dataclass
+class BatchStats:
+    """How the run went."""
+
+    files: int = 0
+    jobs: int = 0
+    triaged: int = 0
+    cached: int = 0
+    seconds: float = 0.0
+    engine: str = "serial"
+    workers: int = 1
+    cache_path: str | None = None
+    cache_note: str | None = None  # why the cache was not used
+
+
+@dataclass
+class BatchResult:
+    """The outcome of every job, in job-name order, and how the run went."""
+
+    outcomes: list[Outcome]
+    stats: BatchStats
+    ruleset_version: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def table(self, per_diagnosis: bool = False) -> pd.DataFrame:
+        """One row per job (or per diagnosis): see :data:`COLUMNS`."""
+        return build_table(self.outcomes, per_diagnosis)
+
+    def summary(self) -> Summary:
+        """Causes, hosts and rules over the jobs, and the jobs to look at first."""
+        return summarize(self.outcomes)
+
+    @property
+    def read_any(self) -> bool:
+        """Tell whether at least one input could be read."""
+        return any(o.verdict is not None for o in self.outcomes)
+
+    @property
+    def failed(self) -> bool:
+        """Tell whether a failure was diagnosed in at least one job."""
+        return any(o.verdict not in (None, "clean") for o in self.outcomes)
+
+
+@dataclass
+class BatchOptions:
+    """How to find, group and triage the inputs."""
+
+    include: Sequence[str] = DEFAULT_INCLUDE
+    group_by: str | None = None
+    per_file: bool = False
+    workers: int = 0  # 0: one per CPU, serial for a few jobs
+    engine: str = "local"  # local | dask
+    scheduler: str | None = None
+    db: Path | None = None  # None: no cache
+
+
+def run_batch(
+    paths: Sequence[str],
+    ruleset: Ruleset,
+    options: BatchOptions | None = None,
+    progress: Progress | None = None,
+) -> BatchResult:
+    """Discover, group, look up the cache, triage the rest and collect every job's outcome.
+
+    Raises:
+        TriageError: a bad ``--group-by`` pattern, or the Dask engine cannot run.
+    """
+    opts = options or BatchOptions()
+    start = time.perf_counter()
+    files = discover(paths, opts.include)
+    jobs = group_jobs(files, opts.group_by, opts.per_file)
+    stats = BatchStats(files=sum(1 for f in files if f.error is None), jobs=len(jobs))
+    notes: list[str] = []
+    cache: ResultCache | None = None
+    if opts.db is not None:
+        stats.cache_path = str(opts.db)
+        try:
+            cache = ResultCache(opts.db, f"{code_version()}:{ruleset.version}")
+        except (OSError, sqlite3.Error) as exc:
+            stats.cache_note = f"cache {opts.db} not used: {exc}"
+    outcomes: dict[str, Outcome] = {}
+    todo: list[Job] = []
+    keys: dict[str, str] = {}
+    for job in jobs:
+        if all(f.error for f in job.files):
+            outcomes[job.name] = Outcome(job, _unreadable(job))
+            continue
+        if cache is not None:
+            job = _hashed(job, cache, keys)  # files unreadable now carry their error
+            if all(f.error for f in job.files):
+                outcomes[job.name] = Outcome(job, _unreadable(job))
+                continue
+            hit = cache.get(keys[job.name]) if job.name in keys else None
+            if hit is not None:
+                outcomes[job.name] = Outcome(job, hit, cached=True)
+                stats.cached += 1
+                continue
+        todo.append(job)
+    workers = opts.workers or os.cpu_count() or 1
+    try:
+        for job, result in _engine(todo, ruleset, opts, workers, stats, progress):
+            outcomes[job.name] = Outcome(job, result)
+            stats.triaged += 1
+            if cache is not None and job.name in keys and _cacheable(result):
+                cache.put(keys[job.name], result)
+                if stats.triaged % 500 == 0:
+                    cache.commit()
+    finally:
+        if cache is not None:
+            cache.commit()
+            cache.close()
+    for o in outcomes.values():
+        notes.extend(n for n in o.result.get("notes", []) if n not in notes)
+    stats.seconds = time.perf_counter() - start
+    ordered = [outcomes[j.name] for j in jobs]
+    return BatchResult(ordered, stats, ruleset.version, notes)
+
+
+def _hashed(job: Job, cache: ResultCache, keys: dict[str, str]) -> Job:
+    digests: list[str] = []
+    files: list[InputFile] = []
+    for f in job.files:
+        if f.error:
+            files.append(f)
+            continue
+        try:
+            digests.append(cache.digest(f))
+            files.append(f)
+        except InputError as exc:
+            files.append(replace(f, error=str(exc)))
+    job = replace(job, files=tuple(files))
+    if all(f.error is None for f in files):
+        keys[job.name] = cache.key(job, digests)
+    return job
+
+
+def _cacheable(result: JobResult) -> bool:
+    return all(entry[2] == "content" for entry in result.get("errors", []))
+
+
+def _unreadable(job: Job) -> JobResult:
+    return {"verdict": None, "errors": [[i, f.error, "access"] for i, f in enumerate(job.files)]}
+
+
+def _engine(
+    todo: list[Job],
+    ruleset: Ruleset,
+    opts: BatchOptions,
+    workers: int,
+    stats: BatchStats,
+    progress: Progress | None,
+) -> Iterator[tuple[Job, JobResult]]:
+    if opts.engine == "dask":
+        stats.engine, stats.workers = "dask", workers
+        if not todo:
+            return iter(())
+        return run_dask(todo, ruleset, opts.scheduler, workers, progress)
+    if workers <= 1 or (opts.workers == 0 and len(todo) < SERIAL_BELOW):
+        stats.engine, stats.workers = "serial", 1
+        return run_serial(todo, ruleset, progress)
+    workers = min(workers, max(1, len(todo)))
+    stats.engine, stats.workers = "processes", workers
+    return run_processes(todo, ruleset, workers, progress)
