@@ -313,7 +313,7 @@ def bench_analysis_memory(log: Path) -> dict:
     code = f"""
 import os, resource, sys, time
 from nccl_triage.live.triage import LiveTriage
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.ruleset import load_ruleset
 rs = load_ruleset()
 reports = []
 live = LiveTriage("<stdin>", rs, lambda r, s: reports.append(r.verdict))

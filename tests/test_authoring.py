@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nccl_triage.authoring import core as authoring
+from nccl_triage import authoring
 from nccl_triage.errors import RuleError, TriageError
 from nccl_triage.pipeline import triage_text
-from nccl_triage.ruleset.core import CAUSES, SHAPES, builtin_dirs, collect_ruleset, load_ruleset
+from nccl_triage.ruleset import CAUSES, SHAPES, builtin_dirs, collect_ruleset, load_ruleset
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_CAUSES = ROOT.parent / "shared" / "spec" / "causes.md"

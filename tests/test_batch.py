@@ -24,7 +24,7 @@ from nccl_triage.cli import main
 from nccl_triage.errors import TriageError
 from nccl_triage.pipeline import triage_path
 from nccl_triage.render import html as batch_html
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.ruleset import load_ruleset
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 LORA = FIXTURES / "lora-oom-hidden-by-timeout.log"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from nccl_triage.pipeline import triage_path
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.ruleset import load_ruleset
 
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "corpus"
 pytestmark = pytest.mark.skipif(
@@ -104,7 +104,7 @@ def test_no_cause_made_up(results: list[tuple[dict[str, Any], str, str]]) -> Non
 
 
 def test_every_corpus_diagnosis_renders_its_advice() -> None:
-    from nccl_triage.render.core import report_json
+    from nccl_triage.render.report import report_json
 
     rs = load_ruleset()
     for path in sorted(CORPUS.glob("*.log")):

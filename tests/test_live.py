@@ -31,7 +31,7 @@ from nccl_triage.live.link import AnalyserConfig, FrameReader, encode_frame
 from nccl_triage.live.triage import LiveStatus, LiveTriage
 from nccl_triage.model import Report
 from nccl_triage.pipeline import triage_path, triage_text
-from nccl_triage.ruleset.core import Ruleset, load_ruleset
+from nccl_triage.ruleset import Ruleset, load_ruleset
 
 CLI = [sys.executable, "-m", "nccl_triage"]
 LORA = FIXTURES / "lora-oom-hidden-by-timeout.log"

@@ -18,7 +18,7 @@ from nccl_triage.errors import InputError
 from nccl_triage.ingest.reader import iter_lines, lines_from_bytes, segments, strip_ansi
 from nccl_triage.model import Report
 from nccl_triage.pipeline import Triage, parse_path
-from nccl_triage.ruleset.core import Ruleset
+from nccl_triage.ruleset import Ruleset
 
 LOG = Path(__file__).parent / "data" / "two-ranks-allreduce-timeout.log"
 

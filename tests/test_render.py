@@ -8,8 +8,8 @@ import pytest
 
 from nccl_triage.errors import TemplateError
 from nccl_triage.pipeline import triage_text
-from nccl_triage.render.core import human_bytes, human_ms, render_advice
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.render.advice import human_bytes, human_ms, render_advice
+from nccl_triage.ruleset import load_ruleset
 
 LOG = (
     "[E ProcessGroupNCCL.cpp:464] [Rank 0] Watchdog caught collective operation timeout: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nccl_triage.authoring.examples import run_example
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.ruleset import load_ruleset
 
 RULESET = load_ruleset()
 CASES = [(rule, ex) for rule in RULESET.rules for ex in rule.examples]
@@ -31,6 +31,6 @@ def test_rule_ids_equal_file_names_and_are_unique() -> None:
 
 
 def test_every_cause_of_the_taxonomy_has_a_rule() -> None:
-    from nccl_triage.ruleset.core import CAUSES
+    from nccl_triage.ruleset import CAUSES
 
     assert {r.cause for r in RULESET.rules} == set(CAUSES)

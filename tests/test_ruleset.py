@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nccl_triage.errors import RuleError
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.ruleset import load_ruleset
 
 GOOD = """\
 id: team-rule

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from nccl_triage.pipeline import triage_path
-from nccl_triage.render.core import render_advice, report_json
-from nccl_triage.ruleset.core import load_ruleset
+from nccl_triage.render.advice import render_advice
+from nccl_triage.render.report import report_json
+from nccl_triage.ruleset import load_ruleset
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 RULESET = load_ruleset()

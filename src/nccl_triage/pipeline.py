@@ -29,7 +29,7 @@ from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import LineParser
-from nccl_triage.ruleset.core import Ruleset
+from nccl_triage.ruleset import Ruleset
 
 
 def verdict_of(events: Iterable[Event]) -> str:

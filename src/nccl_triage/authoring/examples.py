@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from nccl_triage.model import Example, Rule
 from nccl_triage.pipeline import triage_path, triage_text
-from nccl_triage.render.core import render_advice
-from nccl_triage.ruleset.core import Ruleset
+from nccl_triage.render.advice import render_advice
+from nccl_triage.ruleset import Ruleset
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 from nccl_triage.batch.inputs import Job, JobResult, Progress, optional_module
 from nccl_triage.batch.job import failed_result, triage_job_files
 from nccl_triage.errors import TriageError
-from nccl_triage.ruleset.core import Ruleset
+from nccl_triage.ruleset import Ruleset
 
 # ----------------------------------------------------------------------------- workers
 

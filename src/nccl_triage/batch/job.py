@@ -26,7 +26,7 @@ from nccl_triage.errors import InputError, TemplateError
 from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
 from nccl_triage.model import Event, Finding, Report
 from nccl_triage.pipeline import Triage
-from nccl_triage.ruleset.core import Ruleset
+from nccl_triage.ruleset import Ruleset
 
 # ----------------------------------------------------------------------------- one job
 
@@ -115,7 +115,7 @@ def _result(
     errors: list[list[Any]],
     files_read: int,
 ) -> JobResult:
-    from nccl_triage.render.core import render_advice
+    from nccl_triage.render.advice import render_advice
 
     index = {f.name: i for i, f in enumerate(job.files)}
     facts = report.facts

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nccl_triage.errors import InputError
-from nccl_triage.ruleset.core import Ruleset
+from nccl_triage.ruleset import Ruleset
 
 if TYPE_CHECKING:
     import pandas as pd

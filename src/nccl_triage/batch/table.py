@@ -180,7 +180,7 @@ def format_cell(col: str, value: Any, width: int) -> str:
     if col == "confidence":
         return f"{float(value):.2f}"
     if col == "timeout_ms":
-        from nccl_triage.render.core import human_ms
+        from nccl_triage.render.advice import human_ms
 
         return human_ms(value)
     if col == "first_time":

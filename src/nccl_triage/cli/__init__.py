@@ -154,8 +154,8 @@ def triage(
 ) -> None:
     """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
     from nccl_triage.pipeline import triage_path
-    from nccl_triage.render.core import render_json_line, render_markdown, render_text
-    from nccl_triage.ruleset.core import load_ruleset
+    from nccl_triage.render.report import render_json_line, render_markdown, render_text
+    from nccl_triage.ruleset import load_ruleset
 
     try:
         ruleset = load_ruleset(rule_dirs, only=only, disable=disable)

@@ -117,7 +117,7 @@ def batch(
     triages what is new or changed.
     """
     from nccl_triage import batch as b
-    from nccl_triage.ruleset.core import load_ruleset
+    from nccl_triage.ruleset import load_ruleset
 
     if scheduler and engine != "dask":
         _usage("--scheduler needs --engine dask")

@@ -2,7 +2,7 @@
 
 Input: argv and rule directories. Output: text on stdout/stderr and an exit status: 0 when all
 is well, 1 when lint found a problem or an example failed, 2 for a usage error or rule files
-that do not load. The work is done by :mod:`nccl_triage.authoring.core`; this module only formats.
+that do not load. The work is done by :mod:`nccl_triage.authoring`; this module only formats.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import click
 
 from nccl_triage.cli import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, _error, _quiet_broken_pipe
 from nccl_triage.errors import TriageError
-from nccl_triage.ruleset.core import CAUSES, SHAPES, Ruleset
+from nccl_triage.ruleset import CAUSES, SHAPES, Ruleset
 
 _DIRS = click.argument("dirs", nargs=-1, type=click.Path(file_okay=False), metavar="[DIR]...")
 _RULES = click.option(
@@ -51,8 +51,8 @@ def list_rules(
     rule_dirs: tuple[str, ...], only: tuple[str, ...], disable: tuple[str, ...], fmt: str
 ) -> None:
     """List the rules: id, cause, severity, title and source file."""
-    from nccl_triage.authoring.core import rule_rows, rules_markdown
-    from nccl_triage.ruleset.core import load_ruleset
+    from nccl_triage.authoring import rule_rows, rules_markdown
+    from nccl_triage.ruleset import load_ruleset
 
     ruleset = _load(lambda: load_ruleset(rule_dirs, only=only, disable=disable))
     with _quiet_broken_pipe():
@@ -71,9 +71,9 @@ def list_rules(
 @_RULES
 def show(rule_id: str, rule_dirs: tuple[str, ...]) -> None:
     """Print rule ID's file, and its advice rendered on its first matching example."""
-    from nccl_triage.authoring.core import display_path
-    from nccl_triage.authoring.core import show as show_rule
-    from nccl_triage.ruleset.core import load_ruleset
+    from nccl_triage.authoring import display_path
+    from nccl_triage.authoring import show as show_rule
+    from nccl_triage.ruleset import load_ruleset
 
     ruleset = _load(lambda: load_ruleset(rule_dirs))
     try:
@@ -104,7 +104,7 @@ def lint(dirs: tuple[str, ...]) -> None:
     RE2 cannot compile, templates that do not render on a matching example, examples of both
     kinds, a reference URL. Exit 1 if there is any.
     """
-    from nccl_triage.authoring.core import lint as lint_dirs
+    from nccl_triage.authoring import lint as lint_dirs
 
     result = lint_dirs(dirs)
     for notice in result.notices:
@@ -145,7 +145,7 @@ def test(
     Each example must make its rule fire (expect: match) or not (expect: no-match); the
     whole ruleset runs, as in real use. Prints each failure, then "N passed, M failed".
     """
-    from nccl_triage.authoring.core import corpus_hits, display_path, run_tests
+    from nccl_triage.authoring import corpus_hits, display_path, run_tests
 
     run = run_tests(dirs, only, disable)
     for notice in run.notices:
@@ -213,7 +213,7 @@ def new(rule_id: str, cause: str, directory: str, severity: str, force: bool) ->
 
     Fill in each TODO (rules lint lists them), then run rules lint and rules test on DIR.
     """
-    from nccl_triage.authoring.core import scaffold
+    from nccl_triage.authoring import scaffold
 
     try:
         made = scaffold(rule_id, cause, directory, severity=severity, force=force)
@@ -236,7 +236,7 @@ def schema() -> None:
 
     Generated from the loader's own definitions: nccl-triage rules schema > docs/rule-schema.json
     """
-    from nccl_triage.authoring.core import schema_json
+    from nccl_triage.authoring import schema_json
 
     click.echo(schema_json(), nl=False)
 

@@ -2,7 +2,7 @@
 
 Input: a byte stream (``watch``: standard input) or a command's stdout and stderr (``run``).
 Output: every byte, unchanged and at once, on the same descriptor it would have gone to; and
-diagnoses (the reports of :mod:`nccl_triage.render.core`) on stderr or in a report file, as soon as
+diagnoses (the reports of :mod:`nccl_triage.render.report`) on stderr or in a report file, as soon as
 the evidence is in, updated when the picture changes, and once more at the end.
 
 Two processes, so that pass-through never depends on parsing:

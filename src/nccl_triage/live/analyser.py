@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nccl_triage.model import Report
-    from nccl_triage.ruleset.core import Ruleset
+    from nccl_triage.ruleset import Ruleset
 
 from nccl_triage.live.link import (
     FRAME_DATA,
@@ -66,7 +66,7 @@ class ReportSink:
 
     def render(self, report: Report, status: LiveStatus) -> str:
         """The report in the configured format, with its live status."""
-        from nccl_triage.render.core import render_markdown, render_text, report_json
+        from nccl_triage.render.report import render_markdown, render_text, report_json
 
         fmt = self._config.fmt
         if fmt == "json":
@@ -106,7 +106,7 @@ class ReportSink:
 
     def summary(self, report: Report) -> str:
         """Verdict, the summary line and the causes found, without evidence and advice."""
-        from nccl_triage.render.core import render_text
+        from nccl_triage.render.report import render_text
 
         lines = render_text(report, self._dirs, color=self._config.color).splitlines()[:2]
         for i, f in enumerate(report.findings, 1):
@@ -141,7 +141,7 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config = AnalyserConfig.from_json(args[0])
     from nccl_triage.errors import TriageError
-    from nccl_triage.ruleset.core import load_ruleset
+    from nccl_triage.ruleset import load_ruleset
 
     try:
         ruleset = load_ruleset(config.rules, only=config.only, disable=config.disable)

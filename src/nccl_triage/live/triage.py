@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nccl_triage.model import Report
     from nccl_triage.pipeline import Triage
-    from nccl_triage.ruleset.core import Ruleset
+    from nccl_triage.ruleset import Ruleset
 
 
 # ----------------------------------------------------------------------------- tuning

@@ -1,14 +1,14 @@
-"""Reports to text: the advice templates (Jinja, sandboxed) and the text/markdown/json formats.
+"""Advice: a finding's Jinja template rendered in a bounded sandbox.
 
-Input: a :class:`Report` and the ruleset's template directories. Output: strings. Templates
-come from other teams: they render in Jinja's :class:`SandboxedEnvironment` with
-``StrictUndefined`` (a misspelt variable is an error, not an empty string) and see only
-``rule``, ``finding``, ``trigger``, ``evidence`` and ``facts``. Only this module imports jinja2.
+Input: a :class:`~nccl_triage.model.Finding`, the job facts and the template directories.
+Output: the advice as Markdown. Templates come from other teams: they render in Jinja's
+:class:`SandboxedEnvironment` with ``StrictUndefined`` (a misspelt variable is an error, not an
+empty string), with bounds on loops and values, and see only ``rule``, ``finding``,
+``trigger``, ``evidence`` and ``facts``.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from functools import cache
@@ -20,7 +20,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
 from nccl_triage.errors import TemplateError
-from nccl_triage.model import SCHEMA, Event, Finding, JobFacts, Kind, Report
+from nccl_triage.model import Event, Finding, JobFacts
 
 
 def human_ms(value: Any) -> str:
@@ -202,141 +202,3 @@ def render_advice(finding: Finding, facts: JobFacts, template_dirs: Sequence[Pat
     except Exception as exc:  # noqa: BLE001 - a contributed template may fail in any way
         raise TemplateError(name, f"template failed: {type(exc).__name__}: {exc}") from None
     return text.strip() + "\n"
-
-
-# ----------------------------------------------------------------------------- formats
-
-
-def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]:
-    """The report object of ``spec/json-output.md``."""
-    diagnoses = []
-    for f in report.findings:
-        evidence = [{"line": e.line, "rank": e.rank, "text": e.text} for e in _evidence_events(f)]
-        diagnoses.append(
-            {
-                "rule": f.rule.id,
-                "cause": f.rule.cause,
-                "severity": f.rule.severity.value,
-                "confidence": f.confidence,
-                "title": f.rule.title,
-                "evidence": evidence,
-                "advice": render_advice(f, report.facts, template_dirs),
-                "references": list(f.rule.references),
-            }
-        )
-    timeouts = [e for e in report.events if e.kind == Kind.WATCHDOG_TIMEOUT]
-    return {
-        "schema": SCHEMA,
-        "source": report.source,
-        "verdict": report.verdict,
-        "diagnoses": diagnoses,
-        "events": [e.to_dict() for e in report.events],
-        "summary": {
-            "lines": report.lines,
-            "ranks_seen": report.facts.ranks_seen,
-            "ranks_timed_out": report.facts.ranks_timed_out,
-            "op_types": report.facts.op_types,
-            "first_timeout_line": min((e.line for e in timeouts), default=None),
-            "world_size": report.facts.world_size,
-            "ranks_not_timed_out": report.facts.ranks_not_timed_out,
-        },
-        "facts": report.facts.to_dict(),
-    }
-
-
-def _evidence_events(f: Finding) -> list[Event]:
-    seen: dict[tuple[str, int], Event] = {}
-    for ev in (f.trigger, *f.evidence):  # a signal on the trigger's own line is one line
-        seen.setdefault((ev.source, ev.line), ev)
-    return sorted(seen.values(), key=lambda e: (e.source, e.line))
-
-
-_COLORS = {"critical": "1;31", "high": "31", "medium": "33", "low": "36", "info": "37"}
-
-
-def render_text(report: Report, template_dirs: Sequence[Path], color: bool = False) -> str:
-    """Human-readable report for a terminal."""
-
-    def paint(text: str, code: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if color else text
-
-    lines: list[str] = []
-    head = f"{report.source}: {report.verdict}"
-    if report.verdict == "clean":
-        lines.append(paint(head, "32") + f" (no NCCL failure in {report.lines} lines)")
-        return "\n".join(lines) + "\n"
-    lines.append(paint(head, "1"))
-    lines.append(_summary_line(report))
-    for i, f in enumerate(report.findings, 1):
-        sev = f.rule.severity.value
-        lines.append("")
-        lines.append(
-            paint(f"{i}. [{f.rule.cause}] {f.rule.title}", "1")
-            + f"  ({sev}, confidence {f.confidence:.2f}, rule {f.rule.id})"
-        )
-        for ev in _evidence_events(f):
-            rank = "" if ev.rank is None else f" rank {ev.rank}"
-            text = ev.text if len(ev.text) <= 220 else ev.text[:217] + "..."
-            lines.append(
-                paint(f"   {report.source}:{ev.line}{rank}: ", _COLORS.get(sev, "0")) + text
-            )
-        lines.append("")
-        advice = render_advice(f, report.facts, template_dirs)
-        lines.extend("   " + a if a else "" for a in advice.rstrip().splitlines())
-    return "\n".join(lines) + "\n"
-
-
-def _summary_line(report: Report) -> str:
-    facts = report.facts
-    parts = []
-    if facts.timeouts:
-        ops = ", ".join(facts.op_types) or "?"
-        parts.append(f"{facts.timeouts} timeout(s) in {ops}")
-        if facts.ranks_timed_out:
-            parts.append(f"ranks timed out: {_ranks(facts.ranks_timed_out)}")
-        if facts.ranks_not_timed_out:
-            parts.append(f"did not: {_ranks(facts.ranks_not_timed_out)}")
-    if facts.world_size:
-        parts.append(f"world size {facts.world_size}")
-    if facts.first_failure_rank is not None:
-        parts.append(
-            f"first to die: rank {facts.first_failure_rank} ({facts.first_failure_signal or facts.first_failure_exit_code})"
-        )
-    return "   " + "; ".join(parts) if parts else ""
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ",".join(str(r) for r in ranks)
-
-
-def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
-    """A report to paste into an issue."""
-    out = [f"### nccl-triage: `{report.source}` — {report.verdict}", ""]
-    if report.verdict == "clean":
-        out.append(f"No NCCL failure in {report.lines} lines.")
-        return "\n".join(out) + "\n"
-    summary = _summary_line(report).strip()
-    if summary:
-        out += [summary, ""]
-    for i, f in enumerate(report.findings, 1):
-        out.append(
-            f"**{i}. {f.rule.title}** — cause `{f.rule.cause}`, confidence {f.confidence:.2f} (rule `{f.rule.id}`)"
-        )
-        out.append("")
-        out.append("```")
-        for ev in _evidence_events(f):
-            rank = "" if ev.rank is None else f" rank {ev.rank}"
-            out.append(f"{ev.line}{rank}: {ev.text}")
-        out.append("```")
-        out.append("")
-        out.append(render_advice(f, report.facts, template_dirs).rstrip())
-        if f.rule.references:
-            out.append("")
-            out.append("References: " + ", ".join(f.rule.references))
-        out.append("")
-    return "\n".join(out) + "\n"
-
-
-def render_json_line(report: Report, template_dirs: Sequence[Path]) -> str:
-    """One report as one line of JSON."""
-    return json.dumps(report_json(report, template_dirs), ensure_ascii=False)

@@ -1,0 +1,107 @@
+"""YAML from other teams, read safely: no tags that build objects, no duplicate keys, no aliases.
+
+Input: a YAML file. Output: plain mappings and lists that remember the line of each key (for
+``file:line`` messages), or the problems found. Only this package imports yaml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class YamlMap(dict[str, Any]):
+    """A YAML mapping that remembers the line of each key (1-based)."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+
+class YamlSeq(list[Any]):
+    """A YAML sequence that remembers its line (1-based)."""
+
+    line: int = 0
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe loader that records line numbers and refuses duplicate keys and aliases."""
+
+    problems: list[tuple[int, str]]
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # Aliases (*name) let a few lines expand into an exponentially large document (the
+        # "billion laughs"); rule files never need them.
+        if self.check_event(yaml.AliasEvent):
+            mark = self.get_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "YAML aliases (*name) are not allowed in rule files",
+                mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> YamlMap:
+    out = YamlMap()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str):
+            key = str(key)
+        if key in out:
+            loader.problems.append((key_node.start_mark.line + 1, f"duplicate key '{key}'"))
+            continue
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> YamlSeq:
+    out = YamlSeq(loader.construct_object(child, deep=True) for child in node.value)
+    out.line = node.start_mark.line + 1
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def line_of(obj: Any, key: str | None = None) -> int:
+    """The 1-based line of a mapping or list read by :func:`load_yaml`, or of one of its keys."""
+    if isinstance(obj, YamlMap):
+        return obj.key_lines.get(key, obj.line) if key else obj.line
+    return int(getattr(obj, "line", 0))
+
+
+def load_yaml(path: Path) -> tuple[Any, list[str]]:
+    """Read one YAML file safely; return the data and its problems as ``file:line: msg``."""
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"{path}: cannot read: {exc}"]
+    loader = _Loader(text)
+    loader.problems = []
+    try:
+        data = loader.get_single_data()
+    except yaml.constructor.ConstructorError as exc:
+        # A tag that would build a Python object (!!python/object/apply:os.system, ...): the
+        # safe loader has no constructor for it, so nothing was built.
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        tag = (exc.problem or "").rpartition("tag ")[2].strip(" '") or "?"
+        tag = tag.replace("tag:yaml.org,2002:", "!!")
+        msg = f"tag {tag!r} refused: rule files are plain data, tags that build objects are not allowed"
+        return None, [f"{path}:{line}: invalid YAML: {msg}"]
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        return None, [f"{path}:{line}: invalid YAML: {exc.problem or exc}"]
+    except yaml.YAMLError as exc:
+        return None, [f"{path}: invalid YAML: {exc}"]
+    finally:
+        loader.dispose()
+    return data, [f"{path}:{line}: {msg}" for line, msg in loader.problems]
