@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO
 
-from nccl_triage.diagnose.engine import FAILURE_KINDS, correlate
+from nccl_triage.diagnose.engine import correlate
 from nccl_triage.diagnose.facts import compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.ingest.anchors import ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
-from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed
+from nccl_triage.model import FAILURE_KINDS, Correlation, Event, Kind, Line, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import LineParser

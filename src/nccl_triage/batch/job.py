@@ -179,7 +179,7 @@ def _clip(text: str) -> str:
 
 
 def _first_failure(report: Report) -> Event | None:
-    from nccl_triage.diagnose.engine import FAILURE_KINDS
+    from nccl_triage.model import FAILURE_KINDS
 
     return next((e for e in report.events if e.kind in FAILURE_KINDS), None)
 

@@ -18,12 +18,13 @@ from typing import Any, NoReturn
 
 import click
 
-from nccl_triage.cli import (
+from nccl_triage.cli.common import (
     EXIT_CLEAN,
     EXIT_FINDINGS,
     EXIT_USAGE,
-    _error,
-    _quiet_broken_pipe,
+    error,
+    load_rules,
+    quiet_broken_pipe,
     rule_source_options,
 )
 from nccl_triage.errors import TriageError
@@ -117,7 +118,6 @@ def batch(
     triages what is new or changed.
     """
     from nccl_triage import batch as b
-    from nccl_triage.ruleset import load_ruleset
 
     if scheduler and engine != "dask":
         _usage("--scheduler needs --engine dask")
@@ -131,14 +131,7 @@ def batch(
         )
     if engine == "dask" and not _have("distributed"):
         _usage("--engine dask needs dask.distributed: pip install 'nccl-triage[dask]'")
-    try:
-        ruleset = load_ruleset(rule_dirs, only=only, disable=disable)
-    except TriageError as exc:
-        for line in str(exc).splitlines():
-            _error(line)
-        sys.exit(EXIT_USAGE)
-    for notice in ruleset.notices:
-        _error(notice)
+    ruleset = load_rules(rule_dirs, only, disable)
     options = b.BatchOptions(
         include=include or b.DEFAULT_INCLUDE,
         group_by=group_by,
@@ -155,18 +148,18 @@ def batch(
     except TriageError as exc:
         _usage(str(exc))
     if result.stats.cache_note:
-        _error(result.stats.cache_note)
+        error(result.stats.cache_note)
     for o in result.outcomes:
         for msg in o.errors:
-            _error(msg)
+            error(msg)
     for note in result.notes:
-        _error(note)
+        error(note)
     if not result.outcomes:
-        _error("no log files found in " + ", ".join(paths))
+        error("no log files found in " + ", ".join(paths))
         sys.exit(EXIT_USAGE)
     table = result.table(per_diagnosis)
     out = sys.stdout
-    with _quiet_broken_pipe():
+    with quiet_broken_pipe():
         if out_path:
             try:
                 b.write_table(table, out_path)
@@ -193,7 +186,7 @@ def batch(
 
 
 def _usage(msg: str) -> NoReturn:
-    _error(msg)
+    error(msg)
     sys.exit(EXIT_USAGE)
 
 

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import click
 
-from nccl_triage.cli import EXIT_USAGE, _error, rule_source_options
+from nccl_triage.cli.common import EXIT_USAGE, error, rule_source_options
 from nccl_triage.live.link import AnalyserConfig, start_analyser
 from nccl_triage.live.pump import open_archive, run_command, watch_stream
 
@@ -62,7 +62,7 @@ def _config(
             with open(report_path, "w", encoding="utf-8"):
                 pass
         except OSError as exc:
-            _error(f"{report_path}: {exc.strerror or exc}")
+            error(f"{report_path}: {exc.strerror or exc}")
             sys.exit(EXIT_USAGE)
     if color is None:
         color = not report_path and sys.stderr.isatty() and not os.environ.get("NO_COLOR")
@@ -146,7 +146,7 @@ def run(
         try:
             log = open_archive(log_path)
         except OSError as exc:
-            _error(f"{log_path}: {exc.strerror or exc}")
+            error(f"{log_path}: {exc.strerror or exc}")
             sys.exit(EXIT_USAGE)
     env = None
     if not buffered and "PYTHONUNBUFFERED" not in os.environ:

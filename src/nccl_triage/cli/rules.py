@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from nccl_triage.cli import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, _error, _quiet_broken_pipe
+from nccl_triage.cli.common import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, error, quiet_broken_pipe
 from nccl_triage.errors import TriageError
 from nccl_triage.ruleset import CAUSES, SHAPES, Ruleset
 
@@ -55,7 +55,7 @@ def list_rules(
     from nccl_triage.ruleset import load_ruleset
 
     ruleset = _load(lambda: load_ruleset(rule_dirs, only=only, disable=disable))
-    with _quiet_broken_pipe():
+    with quiet_broken_pipe():
         if fmt == "md":
             click.echo(rules_markdown(ruleset), nl=False)
             return
@@ -79,9 +79,9 @@ def show(rule_id: str, rule_dirs: tuple[str, ...]) -> None:
     try:
         shown = show_rule(ruleset, rule_id)
     except TriageError as exc:
-        _error(str(exc))
+        error(str(exc))
         sys.exit(EXIT_USAGE)
-    with _quiet_broken_pipe():
+    with quiet_broken_pipe():
         click.echo(f"# {display_path(shown.rule.source.source)}")
         click.echo(shown.text.rstrip("\n"))
         click.echo("")
@@ -108,8 +108,8 @@ def lint(dirs: tuple[str, ...]) -> None:
 
     result = lint_dirs(dirs)
     for notice in result.notices:
-        _error(notice)
-    with _quiet_broken_pipe():
+        error(notice)
+    with quiet_broken_pipe():
         for problem in result.problems:
             click.echo(problem)
         what = (
@@ -149,13 +149,13 @@ def test(
 
     run = run_tests(dirs, only, disable)
     for notice in run.notices:
-        _error(notice)
+        error(notice)
     if run.problems:
         for problem in run.problems:
-            _error(problem)
-        _error("no example was run: fix these first (nccl-triage rules lint shows them all)")
+            error(problem)
+        error("no example was run: fix these first (nccl-triage rules lint shows them all)")
         sys.exit(EXIT_USAGE)
-    with _quiet_broken_pipe():
+    with quiet_broken_pipe():
         for r in run.results:
             if r.passed:
                 if verbose:
@@ -171,10 +171,10 @@ def test(
             try:
                 found = corpus_hits(run.selection.ruleset, run.selection.rules, corpus)
             except TriageError as exc:
-                _error(str(exc))
+                error(str(exc))
                 sys.exit(EXIT_USAGE)
             for err in found.errors:
-                _error(err)
+                error(err)
             click.echo(f"corpus {corpus}: {len(found.logs)} logs")
             for rule_id, hits in found.hits.items():
                 click.echo(f"  {rule_id}: fires on {len(hits)} of {len(found.logs)}")
@@ -218,10 +218,10 @@ def new(rule_id: str, cause: str, directory: str, severity: str, force: bool) ->
     try:
         made = scaffold(rule_id, cause, directory, severity=severity, force=force)
     except TriageError as exc:
-        _error(str(exc))
+        error(str(exc))
         sys.exit(EXIT_USAGE)
     for notice in made.notices:
-        _error(notice)
+        error(notice)
     for path in made.paths:
         click.echo(f"wrote {path}")
     d = Path(directory)
@@ -251,8 +251,8 @@ def _load(load: Callable[[], Ruleset]) -> Ruleset:
         ruleset = load()
     except TriageError as exc:
         for line in str(exc).splitlines():
-            _error(line)
+            error(line)
         sys.exit(EXIT_USAGE)
     for notice in ruleset.notices:
-        _error(notice)
+        error(notice)
     return ruleset

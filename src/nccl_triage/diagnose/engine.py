@@ -19,6 +19,7 @@ from typing import Any
 import re2
 
 from nccl_triage.model import (
+    FAILURE_KINDS,
     Clause,
     Condition,
     Correlation,
@@ -29,21 +30,8 @@ from nccl_triage.model import (
     Kind,
     Rule,
 )
+from nccl_triage.model.fields import ANY_FAILURE
 
-# ``match: {event: failure}`` triggers on any of these: the ways a job fails in NCCL.
-FAILURE_KINDS = frozenset(
-    {
-        Kind.WATCHDOG_TIMEOUT,
-        Kind.NCCL_ERROR,
-        Kind.NCCL_WARN,
-        Kind.WATCHDOG_EXCEPTION,
-        Kind.HEARTBEAT_TIMEOUT,
-        Kind.COLLECTIVE_MISMATCH,
-        Kind.STORE_TIMEOUT,
-        Kind.GLOO_ERROR,
-    }
-)
-ANY_FAILURE = "failure"
 _TRIGGER_ORDER: dict[str, int] = {Kind.NCCL_WARN: 2}
 
 

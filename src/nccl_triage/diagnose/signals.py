@@ -9,13 +9,13 @@ progress bar redrawn a thousand times) becomes one event with ``count`` and ``la
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 import re2
 
-from nccl_triage.model import Event, Line, Signal
+from nccl_triage.model import Detail, Event, Line, Signal
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
 
@@ -64,22 +64,28 @@ class SignalClassifier:
 
     def __init__(self, signals: Iterable[Signal]) -> None:
         self._patterns = _compile(tuple(signals))
-        self._open: dict[tuple[str, int | None, str], Event] = {}
-        self.events: list[Event] = []
+        self._events: list[Event] = []
+        self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
+
+    @property
+    def events(self) -> list[Event]:
+        """The signal events so far, in the order they started."""
+        return list(self._events)
 
     def prune(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
         """Forget events that ended before ``before_line`` (unless ``keep``); return how many."""
-        kept = [
-            e
-            for e in self.events
-            if int(e.detail.get("last_line") or e.line) >= before_line
-            or (keep is not None and keep(e))
-        ]
-        dropped = len(self.events) - len(kept)
-        self.events[:] = kept
-        for key, ev in list(self._open.items()):  # runs that ended can no longer be extended
-            if int(ev.detail.get("last_line") or ev.line) < before_line:
-                del self._open[key]
+        open_runs = {i: key for key, i in self._open.items()}
+        kept: list[Event] = []
+        self._open = {}
+        for i, e in enumerate(self._events):
+            ended = int(e.detail.get("last_line") or e.line) < before_line
+            if ended and not (keep is not None and keep(e)):
+                continue
+            if i in open_runs and not ended:  # runs that ended can no longer be extended
+                self._open[open_runs[i]] = len(kept)
+            kept.append(e)
+        dropped = len(self._events) - len(kept)
+        self._events = kept
         return dropped
 
     def feed(self, line: Line) -> list[Event]:
@@ -97,17 +103,14 @@ class SignalClassifier:
             if pat.exclude is not None and pat.exclude.search(text):
                 continue
             key = (pat.signal_id, line.rank, pat.name)
-            run = self._open.get(key)
+            i = self._open.get(key)
+            run = self._events[i] if i is not None else None
             if (
                 run is not None
+                and i is not None
                 and line.lineno - int(run.detail.get("last_line") or run.line) <= RUN_GAP_LINES
             ):
-                run.detail["last_line"] = line.lineno
-                run.detail["count"] = int(run.detail.get("count") or 1) + 1
-                if line.time is not None:
-                    run.detail["last_time"] = line.time
-                    if line.ts is not None and run.ts is not None:
-                        run.detail["duration_s"] = round(line.ts - run.ts)
+                self._events[i] = _extended(run, line)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
             detail.update({k: v for k, v in m.groupdict().items() if v is not None})
@@ -122,9 +125,21 @@ class SignalClassifier:
                 pid=line.pid,
                 time=line.time,
                 ts=line.ts,
-                detail=detail,
+                detail=Detail(detail),
             )
-            self._open[key] = ev
-            self.events.append(ev)
+            self._open[key] = len(self._events)
+            self._events.append(ev)
             started.append(ev)
         return started
+
+
+def _extended(run: Event, line: Line) -> Event:
+    """The run ``run`` of a signal, extended by another line of it."""
+    detail = dict(run.detail)
+    detail["last_line"] = line.lineno
+    detail["count"] = int(detail.get("count") or 1) + 1
+    if line.time is not None:
+        detail["last_time"] = line.time
+        if line.ts is not None and run.ts is not None:
+            detail["duration_s"] = round(line.ts - run.ts)
+    return replace(run, detail=Detail(detail))

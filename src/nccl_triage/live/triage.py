@@ -205,7 +205,7 @@ class LiveTriage:
             self._differs_since = now
 
     def _note_failures(self, report: Report) -> None:
-        from nccl_triage.diagnose.engine import FAILURE_KINDS
+        from nccl_triage.model import FAILURE_KINDS
 
         lines = sorted({e.line for e in report.events if e.kind in FAILURE_KINDS})
         self._failure_lines = lines

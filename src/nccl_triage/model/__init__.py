@@ -1,6 +1,15 @@
 """Plain data only: events, rules and findings, and reports (no I/O, no third-party imports)."""
 
-from nccl_triage.model.events import Event, Kind, Line, Occurrence, Prefix
+from nccl_triage.model.events import (
+    FAILURE_KINDS,
+    Detail,
+    Event,
+    Kind,
+    Line,
+    Occurrence,
+    Prefix,
+    PrefixKind,
+)
 from nccl_triage.model.report import (
     SCHEMA,
     Correlation,
@@ -22,10 +31,12 @@ from nccl_triage.model.rules import (
 )
 
 __all__ = [
+    "FAILURE_KINDS",
     "SCHEMA",
     "Clause",
     "Condition",
     "Correlation",
+    "Detail",
     "Event",
     "Example",
     "Explanation",
@@ -37,6 +48,7 @@ __all__ = [
     "Occurrence",
     "Pattern",
     "Prefix",
+    "PrefixKind",
     "Report",
     "Rule",
     "Severity",

@@ -41,11 +41,43 @@ class Kind(StrEnum):
     ENV_WARNING = "env_warning"  # deprecated / ineffective environment variables
 
 
+# The ways a job fails in NCCL: a rule's ``match: {event: failure}`` triggers on any of these,
+# and any of them makes the verdict a failure (``nccl_timeout`` for a timeout, else
+# ``nccl_error``). One definition, for the engine, the verdict and every command's exit status.
+FAILURE_KINDS = frozenset(
+    {
+        Kind.WATCHDOG_TIMEOUT,
+        Kind.NCCL_ERROR,
+        Kind.NCCL_WARN,
+        Kind.WATCHDOG_EXCEPTION,
+        Kind.HEARTBEAT_TIMEOUT,
+        Kind.COLLECTIVE_MISMATCH,
+        Kind.STORE_TIMEOUT,
+        Kind.GLOO_ERROR,
+    }
+)
+
+
+class PrefixKind(StrEnum):
+    """What a layer peeled off the front of a line was (see :mod:`nccl_triage.parse.anatomy`)."""
+
+    VIEWER_LINE = "viewer_line"  # a log viewer's or issue tracker's line number
+    JSON = "json"  # a JSON log line (k8s, docker) whose message field holds the line
+    TIMESTAMP = "timestamp"  # an ISO / HF / glog / vLLM / loguru timestamp
+    LAUNCHER = "launcher"  # srun labels, Ray actors
+    JOBSYS = "jobsys"  # a job system's own prefix
+    TEE = "tee"  # torchrun's tee prefix ([default3]:), or [rankN]: in PyTorch 2.2+
+    EXCEPTHOOK = "excepthook"  # PyTorch's Python excepthook rank prefix ([rank3]: )
+    LOGGER = "logger"  # a Python logging / loguru / Hugging Face header
+    HEADER = "header"  # a c10 / glog header ([E1121 10:11:12.123 ProcessGroupNCCL.cpp:632])
+    LEAD = "lead"  # unknown text before an embedded header (a glued progress bar)
+
+
 @dataclass(frozen=True, slots=True)
 class Prefix:
     """One layer peeled off the front of a line (outermost first)."""
 
-    kind: str  # viewer_line, json, quote, timestamp, launcher, tee, rank, excepthook, header, ...
+    kind: PrefixKind
     text: str
 
 
@@ -86,13 +118,31 @@ class Occurrence:
         return {"line": self.line, "rank": self.rank, "text": self.text}
 
 
-@dataclass(slots=True)
-class Event:
-    """A structured event recognised by the grammar.
+class Detail(dict[str, str | int | None]):
+    """An event's family-specific fields (their names: :mod:`nccl_triage.model.fields`).
 
-    The attribute names are the JSON field names of ``spec/json-output.md``; family-specific
+    Read-only once built, like the event that holds it: stages after the pipeline never change
+    what it emitted.
+    """
+
+    def _read_only(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("an event's fields are read-only once it is emitted")
+
+    __setitem__ = __delitem__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type[Detail], tuple[dict[str, str | int | None]]]:
+        return Detail, (dict(self),)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A structured event recognised by the grammar, or a context signal.
+
+    The attribute names are the JSON field names of ``docs/json-output.md``; family-specific
     values (exit code, NCCL version, interface, ...) live in ``detail`` and are flattened into
-    the JSON object.
+    the JSON object. Frozen: the pipeline builds events and nothing changes them afterwards
+    (``dataclasses.replace`` makes a changed copy).
     """
 
     kind: str
@@ -122,8 +172,8 @@ class Event:
     form: str | None = None  # how the event was written: watchdog, blocking_wait, status, ...
     partial: bool = False  # damaged line: only the fields that survived are set
     pytorch_era: str | None = None
-    detail: dict[str, str | int | None] = field(default_factory=dict)
-    occurrences: list[Occurrence] = field(default_factory=list)
+    detail: Detail = field(default_factory=Detail)
+    occurrences: tuple[Occurrence, ...] = ()
     repeats: int = 0  # copies hidden behind "[repeated Nx across cluster]" (not counted)
 
     def to_dict(self) -> dict[str, Any]:

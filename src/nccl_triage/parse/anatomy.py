@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 
-from nccl_triage.model import Line, Prefix
+from nccl_triage.model import Line, Prefix, PrefixKind
 
 _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 
@@ -84,13 +84,13 @@ def peel(line: Line) -> Line:
         if layer == 0:
             m = _VIEWER_LINE.match(rest)
             if m:
-                prefixes.append(Prefix("viewer_line", m.group(0)))
+                prefixes.append(Prefix(PrefixKind.VIEWER_LINE, m.group(0)))
                 pos += m.end()
                 continue
             if rest.startswith("{") and rest.rstrip().endswith("}"):
                 inner = _json_payload(rest, line)
                 if inner is not None:
-                    prefixes.append(Prefix("json", rest))
+                    prefixes.append(Prefix(PrefixKind.JSON, rest))
                     text, pos = inner, 0
                     continue
         m = _SPACE.match(rest) or _QUOTE.match(rest)
@@ -110,7 +110,7 @@ def peel(line: Line) -> Line:
                 m[6],
                 m[7],
             )
-            prefixes.append(Prefix("timestamp", m.group(0)))
+            prefixes.append(Prefix(PrefixKind.TIMESTAMP, m.group(0)))
             pos += m.end()
             continue
         m = _HF_TRANSFORMERS.match(rest)
@@ -127,7 +127,7 @@ def peel(line: Line) -> Line:
                 m[7],
                 m[8],
             )
-            prefixes.append(Prefix("header", m.group(0)))
+            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
             pos += m.end()
             final = True
             continue
@@ -135,7 +135,7 @@ def peel(line: Line) -> Line:
         if m:
             line.severity = line.severity or m[1][0]
             _set_time(line, m[2], "iso", int(m[3]), int(m[4]), m[5], m[6], m[7], m[8])
-            prefixes.append(Prefix("header", m.group(0)))
+            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
             pos += m.end()
             final = True
             continue
@@ -162,7 +162,7 @@ def peel(line: Line) -> Line:
                 md = int(m[2])
                 stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
                 _set_time(line, stamp, "c10", md // 100, md % 100, m[3], m[4], m[5], m[6])
-            prefixes.append(Prefix("header", m.group(0)))
+            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
             pos += m.end()
             final = True
             continue
@@ -176,7 +176,7 @@ def peel(line: Line) -> Line:
                 # torchrun 2.6+ writes its process id here; 2.3-2.5 a thread id (a pthread
                 # address, far above any pid), and glog-built C++ a thread id (reference §1c).
                 line.pid = int(m[7])
-            prefixes.append(Prefix("header", m.group(0)))
+            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
             pos += m.end()
             final = True
             continue
@@ -184,7 +184,7 @@ def peel(line: Line) -> Line:
         e = _EMBEDDED.search(rest)
         if e and e.start() > 0:
             lead = rest[: e.start()]
-            prefixes.append(Prefix("lead", lead))
+            prefixes.append(Prefix(PrefixKind.LEAD, lead))
             h = _RANK_HINT.search(lead)
             if h and hint_rank is None:
                 hint_rank = int(h[1])
@@ -277,19 +277,21 @@ def _on_srun(line: Line, m: re.Match[str]) -> int | None:
     return None
 
 
-_SIMPLE: tuple[tuple[str, re.Pattern[str], Callable[[Line, re.Match[str]], int | None]], ...] = (
-    ("excepthook", _EXCEPTHOOK, _on_excepthook),
-    ("tee", _TEE, _on_tee),
-    ("launcher", _RAY, _on_ray),
-    ("jobsys", _JOBSYS, _on_jobsys),
-    ("logger", _PY_OLD, _on_level),
-    ("logger", _PY_21, _on_py21),
-    ("logger", _HF, _on_level),
-    ("logger", _LOGURU, _on_level),
-    ("launcher", _SRUN, _on_srun),
-    ("logger", _LEVEL_WORD, _on_level),
+_SIMPLE: tuple[
+    tuple[PrefixKind, re.Pattern[str], Callable[[Line, re.Match[str]], int | None]], ...
+] = (
+    (PrefixKind.EXCEPTHOOK, _EXCEPTHOOK, _on_excepthook),
+    (PrefixKind.TEE, _TEE, _on_tee),
+    (PrefixKind.LAUNCHER, _RAY, _on_ray),
+    (PrefixKind.JOBSYS, _JOBSYS, _on_jobsys),
+    (PrefixKind.LOGGER, _PY_OLD, _on_level),
+    (PrefixKind.LOGGER, _PY_21, _on_py21),
+    (PrefixKind.LOGGER, _HF, _on_level),
+    (PrefixKind.LOGGER, _LOGURU, _on_level),
+    (PrefixKind.LAUNCHER, _SRUN, _on_srun),
+    (PrefixKind.LOGGER, _LEVEL_WORD, _on_level),
 )
-_TERMINAL = frozenset({"excepthook", "logger"})
+_TERMINAL = frozenset({PrefixKind.EXCEPTHOOK, PrefixKind.LOGGER})
 
 
 def _set_time(

@@ -8,6 +8,7 @@ a watchdog line, a status line and a ``what():`` line is one event.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from nccl_triage.model import Event, Kind, Occurrence
@@ -52,13 +53,16 @@ _MASK = re.compile(r"\d+")
 
 
 class Deduper:
-    """Collapses repeats: one event per distinct timeout (rank, work) or message."""
+    """Collapses repeats: one event per distinct timeout (rank, work) or message.
+
+    Events are frozen: folding a repeat in replaces the kept event by a merged copy.
+    """
 
     def __init__(self) -> None:
-        self.timeouts: list[Event] = []
-        self._by_seq: dict[int | None, list[Event]] = {}
-        self._others: dict[tuple[Any, ...], Event] = {}
-        self._order: list[Event] = []
+        self._events: list[Event] = []  # in the order first seen
+        self._timeouts: list[int] = []  # indexes into _events
+        self._by_seq: dict[int | None, list[int]] = {}
+        self._others: dict[tuple[Any, ...], int] = {}
 
     def add(self, ev: Event) -> None:
         """Keep a new event, or fold it into the one it repeats."""
@@ -77,32 +81,38 @@ class Deduper:
             key = (ev.kind, ev.rank, ev.form, ev.detail.get("exit_code"), ev.pid)
         same = self._others.get(key)
         if same is None:
-            self._others[key] = ev
-            self._order.append(ev)
+            self._others[key] = len(self._events)
+            self._events.append(ev)
         else:
-            _add_occurrence(same, ev)
+            self._events[same] = _with_occurrence(self._events[same], ev)
 
     def _add_timeout(self, ev: Event) -> None:
-        candidates = self._by_seq.get(ev.seq, []) if ev.seq is not None else self.timeouts
-        match = next((t for t in candidates if _same_timeout(t, ev)), None)
+        events = self._events
+        candidates = self._by_seq.get(ev.seq, []) if ev.seq is not None else self._timeouts
+        match = next((i for i in candidates if _same_timeout(events[i], ev)), None)
         if match is None and ev.seq is not None:
-            match = next((t for t in self._by_seq.get(None, []) if _same_timeout(t, ev)), None)
+            unseq = self._by_seq.get(None, [])
+            match = next((i for i in unseq if _same_timeout(events[i], ev)), None)
             if match is not None:
-                self._by_seq[None].remove(match)
+                unseq.remove(match)
                 self._by_seq.setdefault(ev.seq, []).append(match)
         if match is None:
-            ev.kind = Kind.WATCHDOG_TIMEOUT
-            if ev.form in ("timeout_at", "exception_detected", "failure_detected"):
-                ev.partial = True  # only the work number: no op type, sizes or timeout
-            self.timeouts.append(ev)
-            self._by_seq.setdefault(ev.seq, []).append(ev)
-            self._order.append(ev)
+            # only the work number in a status line: no op type, sizes or timeout
+            partial = ev.partial or ev.form in (
+                "timeout_at",
+                "exception_detected",
+                "failure_detected",
+            )
+            i = len(events)
+            events.append(replace(ev, kind=Kind.WATCHDOG_TIMEOUT, partial=partial))
+            self._timeouts.append(i)
+            self._by_seq.setdefault(ev.seq, []).append(i)
             return
-        _merge_timeout(match, ev)
+        events[match] = _merged_timeout(events[match], ev)
 
     def events(self) -> list[Event]:
         """All events, in input order."""
-        return sorted(self._order, key=lambda e: e.line)
+        return sorted(self._events, key=lambda e: e.line)
 
 
 def _strip_header(text: str) -> str:
@@ -124,35 +134,54 @@ def _same_timeout(a: Event, b: Event) -> bool:
     return not (a.pg is not None and b.pg is not None and a.pg != b.pg)
 
 
-def _merge_timeout(into: Event, ev: Event) -> None:
+def _merged_timeout(into: Event, ev: Event) -> Event:
+    """The timeout ``into`` with another line of it (``ev``) folded in."""
+    changes: dict[str, Any] = {}
+    occurrences = list(into.occurrences)
+    repeats = into.repeats
     better = _FORM_RANK.get(ev.form or "", 9) < _FORM_RANK.get(into.form or "", 9)
     if better:
         # the more informative line becomes the event's own line; the old one an occurrence
-        into.occurrences.insert(0, Occurrence(into.line, into.rank, into.text))
-        into.line, into.text, into.form = ev.line, ev.text, ev.form
+        occurrences.insert(0, Occurrence(into.line, into.rank, into.text))
+        changes.update(line=ev.line, text=ev.text, form=ev.form)
         if ev.time is not None:  # the time of the event's own line
-            into.time, into.ts = ev.time, ev.ts
-        into.partial = ev.partial and into.partial
+            changes.update(time=ev.time, ts=ev.ts)
+        partial = ev.partial and into.partial
     else:
-        _add_occurrence(into, ev)
-        if not ev.partial and ev.ran_for_ms is not None and into.partial:
-            into.partial = into.ran_for_ms is None and ev.ran_for_ms is None
+        if len(occurrences) < MAX_OCCURRENCES:
+            occurrences.append(Occurrence(ev.line, ev.rank, ev.text))
+        repeats += max(ev.repeats, 0)
+        partial = into.partial
+        if not ev.partial and ev.ran_for_ms is not None and partial:
+            partial = into.ran_for_ms is None and ev.ran_for_ms is None
     for name in _MERGE_FIELDS:
-        if getattr(into, name) is None and getattr(ev, name) is not None:
-            setattr(into, name, getattr(ev, name))
+        if getattr(into, name) is None and getattr(ev, name) is not None and name not in changes:
+            changes[name] = getattr(ev, name)
     if into.rank is None:
-        into.rank = ev.rank
-    if into.partial and all(
-        getattr(into, n) is not None for n in ("op_type", "timeout_ms", "ran_for_ms")
-    ):
-        into.partial = False
-    into.repeats = max(into.repeats, ev.repeats)
-    if ev.pytorch_era and (into.pytorch_era is None or len(ev.pytorch_era) < len(into.pytorch_era)):
-        into.pytorch_era = ev.pytorch_era
-    into.occurrences.sort(key=lambda o: o.line)
+        changes["rank"] = ev.rank
+
+    def value(n: str) -> Any:
+        return changes.get(n, getattr(into, n))
+
+    if partial and all(value(n) is not None for n in ("op_type", "timeout_ms", "ran_for_ms")):
+        partial = False
+    era = into.pytorch_era
+    if ev.pytorch_era and (era is None or len(ev.pytorch_era) < len(era)):
+        era = ev.pytorch_era
+    occurrences.sort(key=lambda o: o.line)
+    return replace(
+        into,
+        **changes,
+        partial=partial,
+        repeats=max(repeats, ev.repeats),
+        pytorch_era=era,
+        occurrences=tuple(occurrences),
+    )
 
 
-def _add_occurrence(into: Event, ev: Event) -> None:
-    if len(into.occurrences) < MAX_OCCURRENCES:
-        into.occurrences.append(Occurrence(ev.line, ev.rank, ev.text))
-    into.repeats += max(ev.repeats, 0)
+def _with_occurrence(into: Event, ev: Event) -> Event:
+    """The event ``into`` with a repeat of it (``ev``) counted."""
+    occurrences = into.occurrences
+    if len(occurrences) < MAX_OCCURRENCES:
+        occurrences = (*occurrences, Occurrence(ev.line, ev.rank, ev.text))
+    return replace(into, occurrences=occurrences, repeats=into.repeats + max(ev.repeats, 0))

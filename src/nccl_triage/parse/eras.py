@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from nccl_triage.model import Line
+from nccl_triage.model import Line, PrefixKind
 
 _VERSIONS = (
     "1.8",
@@ -42,9 +42,7 @@ def era_of(line: Line, constraints: Iterable[tuple[str, str]]) -> str | None:
         cons.append(("", "2.3"))
     elif header.startswith("[") and re.match(r"\[[FEWIV]\d", header):
         cons.append(("2.4", ""))
-    if any(
-        p.kind == "rank" or (p.kind == "tee" and p.text.startswith("[rank")) for p in line.prefixes
-    ):
+    if any(p.kind == PrefixKind.TEE and p.text.startswith("[rank") for p in line.prefixes):
         cons.append(("2.2", ""))
     for a, b in cons:
         new_lo = _INDEX[a] if a else 0

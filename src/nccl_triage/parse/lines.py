@@ -13,7 +13,7 @@ from typing import Any
 from nccl_triage.ingest.anchors import ANCHORS
 from nccl_triage.ingest.reader import segments
 from nccl_triage.ingest.scan import Candidate
-from nccl_triage.model import Event, Kind, Line, Unparsed
+from nccl_triage.model import Detail, Event, Kind, Line, Unparsed
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.eras import era_of
@@ -259,7 +259,7 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
         ts=line.ts,
         partial=incomplete,
         pytorch_era=era_of(line, eras),
-        detail=detail,
+        detail=Detail(detail),
         repeats=repeats,
         **core,
     )

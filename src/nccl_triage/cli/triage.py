@@ -1,0 +1,97 @@
+"""``nccl-triage triage``: the diagnosis of each input, as text, Markdown or JSON.
+
+Input: paths (``-`` for stdin, compressed or not) and the rule sources. Output: per input, the
+verdict, the causes most likely first with the lines that prove them, and the advice; the exit
+status of the JSON contract.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from nccl_triage.cli.common import (
+    error,
+    exit_status,
+    load_rules,
+    quiet_broken_pipe,
+    rule_source_options,
+)
+from nccl_triage.errors import TriageError
+
+
+@click.command()
+@click.argument("logs", nargs=-1, required=True, metavar="LOG...")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "json"]),
+    default="text",
+    show_default=True,
+    help="text for a terminal, markdown to paste into an issue, json (one object per input).",
+)
+@rule_source_options
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Show which rules were considered and why each did or did not fire.",
+)
+@click.option(
+    "--color/--no-color",
+    default=None,
+    help="Colour the text output (default: on a terminal, unless NO_COLOR is set).",
+)
+def triage(
+    logs: tuple[str, ...],
+    fmt: str,
+    rule_dirs: tuple[str, ...],
+    only: tuple[str, ...],
+    disable: tuple[str, ...],
+    explain: bool,
+    color: bool | None,
+) -> None:
+    """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
+    from nccl_triage.pipeline import triage_path
+    from nccl_triage.render.report import render_json_line, render_markdown, render_text
+
+    ruleset = load_rules(rule_dirs, only, disable)
+    out = sys.stdout
+    if color is None:
+        color = out.isatty() and not os.environ.get("NO_COLOR")
+    read_any = False
+    unreadable = False
+    failed = False
+    with quiet_broken_pipe():
+        for path in logs:
+            try:
+                report = triage_path(path, ruleset)
+                if fmt == "json":
+                    text = render_json_line(report, ruleset.template_dirs) + "\n"
+                elif fmt == "markdown":
+                    text = render_markdown(report, ruleset.template_dirs)
+                else:
+                    text = render_text(report, ruleset.template_dirs, color=color)
+            except TriageError as exc:
+                error(str(exc))
+                unreadable = True
+                continue
+            read_any = True
+            failed = failed or report.verdict != "clean"
+            out.write(text)
+            if explain and report.correlation is not None:
+                out.write(_explain(report.correlation))
+            elif explain:
+                out.write("   (clean: no rule evaluated)\n")
+            out.flush()
+    sys.exit(exit_status(read_any, unreadable, failed))
+
+
+def _explain(correlation: Any) -> str:
+    lines = ["", "rules considered:"]
+    for exp in correlation.explanations:
+        mark = "fired " if exp.fired else "silent"
+        lines.append(f"  {mark} {exp.rule.id:<28} {exp.rule.cause:<38} {exp.reason}")
+    return "\n".join(lines) + "\n"
