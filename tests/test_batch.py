@@ -561,3 +561,23 @@ def test_report_in_a_headless_browser(tmp_path: Path) -> None:
         1 for row in rows[:600] for i in range(0, len(row), 3 * 4) if row[i : i + 3] in colors
     )
     assert painted > 200  # the bars of the causes chart are on screen
+
+
+def test_a_save_far_from_the_end_of_another_ranks_file_is_no_context(
+    tmp_path: Path, ruleset: Any
+) -> None:
+    # rank 1's file: a save, then 100,000 lines of training; rank 0's file ends in a timeout.
+    # Without times, the files compare by distance from their end: the save is 100,000 lines
+    # before the end, far outside the rule's 20,000-line window.
+    for rank in (0, 1):
+        (tmp_path / "run" / "attempt_0" / str(rank)).mkdir(parents=True)
+    (tmp_path / "run/attempt_0/1/stderr.log").write_text(
+        "Saving model checkpoint to /ckpt/step_9\n" + "step\n" * 100_000
+    )
+    (tmp_path / "run/attempt_0/0/stderr.log").write_text(
+        "[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600100 milliseconds before timing out.\n"
+    )
+    [outcome] = b.run_batch([str(tmp_path)], ruleset).outcomes
+    assert outcome.diagnoses[0]["cause"] != "slow_checkpoint_save"

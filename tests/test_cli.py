@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner, Result
 
 from nccl_triage.cli import main
@@ -116,3 +117,46 @@ def test_evidence_lines_are_not_repeated() -> None:
     out = invoke(["triage", str(FIXTURES / "two-node-wrong-ifname.log")], 1).output
     evidence = [line for line in out.splitlines() if "two-node-wrong-ifname.log:" in line]
     assert len(evidence) == len(set(evidence))
+
+
+def test_last_error_at_the_very_end_is_read_not_a_crash(tmp_path: Path) -> None:
+    log = tmp_path / "cut.log"
+    log.write_text(
+        "[rank0]:[E1121 10:11:12.1 ProcessGroupNCCL.cpp:1] NCCL error in: x.cpp:1, "
+        "unhandled system error, NCCL version 2.21.5\nLast error:",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(main, ["triage", str(log)])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_one_nccl_warn_line_is_a_failure_for_parse_and_triage_alike(tmp_path: Path) -> None:
+    log = tmp_path / "warn.log"
+    log.write_text(
+        "host:1:2 [0] transport/net_ib.cc:100 NCCL WARN NET/IB : Got completion from peer "
+        "10.0.0.2<1234> with error 12, opcode 0, len 0, vendor err 129\n",
+        encoding="utf-8",
+    )
+    parsed = CliRunner().invoke(main, ["parse", str(log)])
+    triaged = CliRunner().invoke(main, ["triage", str(log)])
+    assert parsed.exit_code == triaged.exit_code == 1
+
+
+def test_an_internal_error_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nccl_triage import pipeline
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(pipeline, "triage_path", broken)
+    log = tmp_path / "x.log"
+    log.write_text("hello\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["triage", str(log)])
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "internal error: ValueError: boom" in result.stderr and "--debug" in result.stderr
+    result = CliRunner().invoke(main, ["--debug", "triage", str(log)])
+    assert result.exit_code == 2 and "Traceback" in result.stderr

@@ -141,3 +141,35 @@ def test_unknown_event_names_known_ones(tmp_path: Path) -> None:
     )
     msg = load_error(d)
     assert "unknown event or signal 'checkpoint_saev'" in msg and "checkpoint_save" in msg
+
+
+def test_a_where_field_the_event_kind_lacks_is_named_with_the_ones_it_has(tmp_path: Path) -> None:
+    misspelt = GOOD.replace(
+        "  event: watchdog_timeout\n",
+        "  event: watchdog_timeout\n  where: {timeout_msec: {gt: 0}}\n",
+    )
+    d = write(tmp_path, "team-rule.yaml", misspelt)
+    msg = load_error(d)
+    assert "team-rule.yaml:7: where: 'timeout_msec' is not a field of watchdog_timeout" in msg
+    assert "timeout_ms" in msg and "seq" in msg  # the fields it has are listed
+
+
+def test_where_fields_of_signals_are_their_named_groups(tmp_path: Path) -> None:
+    d = write(
+        tmp_path,
+        "team-rule.yaml",
+        GOOD.replace(
+            "  - event: checkpoint_save\n",
+            "  - event: checkpoint_save\n    where: {path: {matches: ckpt}, iteration: '5'}\n",
+        ),
+    )
+    load_ruleset([d])  # 'path' and 'iteration' are named groups of checkpoint_save's patterns
+    d = write(
+        tmp_path,
+        "team-rule.yaml",
+        GOOD.replace(
+            "  - event: checkpoint_save\n",
+            "  - event: checkpoint_save\n    where: {filename: x}\n",
+        ),
+    )
+    assert "'filename' is not a field of checkpoint_save events" in load_error(d)

@@ -15,7 +15,7 @@ rule engine (:mod:`nccl_triage.diagnose`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
@@ -188,7 +188,10 @@ class Triage:
             sigs = inp.signals.events
             signals.extend(_with_file_rank(sigs, inp) if len(inputs) > 1 else sigs)
             unparsed.extend(inp.parser.unparsed)
-        return build_report(self.source, self.ruleset, self.events(), signals, self.lines, unparsed)
+        ends = {i.source: i.scanner.lines for i in inputs}
+        return build_report(
+            self.source, self.ruleset, self.events(), signals, self.lines, unparsed, ends
+        )
 
 
 def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:
@@ -210,14 +213,18 @@ def build_report(
     signals: list[Event],
     lines: int,
     unparsed: list[Unparsed],
+    ends: Mapping[str, int] | None = None,
 ) -> Report:
-    """Compute facts, verdict and findings from parsed events and signal events."""
+    """Compute facts, verdict and findings from parsed events and signal events.
+
+    ``ends`` is the number of lines of each input (file of a job).
+    """
     everything = sorted([*events, *signals], key=lambda e: (e.source, e.line))
     facts = compute_facts(everything)
     verdict = verdict_of(events)
     correlation = Correlation()
     if verdict != "clean" and ruleset.rules:
-        correlation = correlate(everything, facts, ruleset.rules)
+        correlation = correlate(everything, facts, ruleset.rules, ends)
     return Report(
         source=source,
         verdict=verdict,

@@ -12,7 +12,7 @@ around the trigger, optionally on the same or another rank), or its absence
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -23,6 +23,7 @@ from nccl_triage.model import (
     Clause,
     Condition,
     Correlation,
+    Direction,
     Event,
     Explanation,
     Finding,
@@ -35,8 +36,17 @@ from nccl_triage.model.fields import ANY_FAILURE
 _TRIGGER_ORDER: dict[str, int] = {Kind.NCCL_WARN: 2}
 
 
-def correlate(events: Sequence[Event], facts: JobFacts, rules: Iterable[Rule]) -> Correlation:
-    """Evaluate every rule against the events and facts of one input."""
+def correlate(
+    events: Sequence[Event],
+    facts: JobFacts,
+    rules: Iterable[Rule],
+    ends: Mapping[str, int] | None = None,
+) -> Correlation:
+    """Evaluate every rule against the events and facts of one input.
+
+    ``ends`` gives the number of lines of each file of a job: lines of different files are
+    compared by their distance from their file's end (the files of one job end together).
+    """
     by_kind: dict[str, list[Event]] = {}
     for ev in events:
         by_kind.setdefault(ev.kind, []).append(ev)
@@ -45,7 +55,7 @@ def correlate(events: Sequence[Event], facts: JobFacts, rules: Iterable[Rule]) -
     fact_values = facts.to_dict()
     out = Correlation()
     for rule in rules:
-        finding, reason = _evaluate(rule, by_kind, fact_values)
+        finding, reason = _evaluate(rule, by_kind, fact_values, ends or {})
         out.explanations.append(Explanation(rule, finding is not None, reason, finding))
         if finding is not None:
             out.findings.append(finding)
@@ -56,7 +66,7 @@ def correlate(events: Sequence[Event], facts: JobFacts, rules: Iterable[Rule]) -
 
 
 def _evaluate(
-    rule: Rule, by_kind: dict[str, list[Event]], facts: dict[str, Any]
+    rule: Rule, by_kind: dict[str, list[Event]], facts: dict[str, Any], ends: Mapping[str, int]
 ) -> tuple[Finding | None, str]:
     for cond in rule.facts:
         if not holds(cond, facts.get(cond.field)):
@@ -75,7 +85,9 @@ def _evaluate(
         evidence: list[Event] = []
         failed = ""
         for i, clause in enumerate(rule.context):
-            hits = [c for c in by_kind.get(clause.event, []) if _in_context(c, trigger, clause)]
+            hits = [
+                c for c in by_kind.get(clause.event, []) if _in_context(c, trigger, clause, ends)
+            ]
             if clause.present and not hits:
                 failed = f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
                 break
@@ -113,7 +125,7 @@ def _episode_start(hits: list[Event], trigger: Event, clause: Clause) -> Event:
     nearest = min(
         hits, key=lambda c: abs(c.line - trigger.line) if c.source == trigger.source else 1 << 60
     )
-    if clause.direction != "before" or nearest not in same:
+    if clause.direction != Direction.BEFORE or nearest not in same:
         return nearest
     i = same.index(nearest)
     while i > 0 and same[i].line - same[i - 1].line <= EPISODE_GAP_LINES:
@@ -121,20 +133,27 @@ def _episode_start(hits: list[Event], trigger: Event, clause: Clause) -> Event:
     return same[i]
 
 
-def _in_context(c: Event, trigger: Event, clause: Clause) -> bool:
+def _in_context(c: Event, trigger: Event, clause: Clause, ends: Mapping[str, int]) -> bool:
     if c is trigger:
         return False
     if c.source == trigger.source:
-        delta = c.line - trigger.line
-        if clause.direction == "before" and delta > 0:
+        delta: int | None = c.line - trigger.line
+    elif c.ts is not None and trigger.ts is not None:
+        delta = None  # another file of the job with times on both lines: the times decide
+    elif c.source in ends and trigger.source in ends:
+        # Another file (another rank's log) without times: the files of one job end together,
+        # so lines compare by their distance from their file's end.
+        delta = (ends[trigger.source] - trigger.line) - (ends[c.source] - c.line)
+    else:
+        return False  # nothing says how far apart they are
+    if delta is not None:
+        if clause.direction == Direction.BEFORE and delta > 0:
             return False
-        if clause.direction == "after" and delta < 0:
+        if clause.direction == Direction.AFTER and delta < 0:
             return False
         if clause.lines is not None and abs(delta) > clause.lines:
             return False
     elif not _ordered_in_time(c, trigger, clause):
-        # Another file of the same job (another rank's log): line numbers are not
-        # comparable; only the times say which came first.
         return False
     return (
         _in_seconds(c, trigger, clause)
@@ -146,9 +165,9 @@ def _in_context(c: Event, trigger: Event, clause: Clause) -> bool:
 def _ordered_in_time(c: Event, trigger: Event, clause: Clause) -> bool:
     if c.ts is None or trigger.ts is None:
         return True
-    if clause.direction == "before":
+    if clause.direction == Direction.BEFORE:
         return c.ts <= trigger.ts
-    if clause.direction == "after":
+    if clause.direction == Direction.AFTER:
         return c.ts >= trigger.ts
     return True
 

@@ -73,7 +73,7 @@ class FlightRecorderFields(TypedDict, total=False):
 
 
 class TeardownFields(TypedDict, total=False):
-    """ "Some NCCL operations have failed", "To avoid data inconsistency"."""
+    """The tear-down lines: some NCCL operations have failed, to avoid data inconsistency."""
 
     pg_rank: int
 
@@ -92,7 +92,7 @@ class WatchdogExceptionFields(TypedDict, total=False):
 
 
 class TerminateFields(TypedDict, total=False):
-    """ "terminate called after throwing an instance of ..."."""
+    """The C++ runtime: terminate called after throwing an instance of an exception."""
 
     exception_type: str
 

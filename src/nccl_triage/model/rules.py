@@ -6,6 +6,7 @@ Output: frozen dataclasses for rules, signals, clauses and conditions, and :clas
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -56,13 +57,36 @@ class Signal:
     exclude: tuple[str, ...] = ()  # near-misses: a line matching one is not this signal
 
 
+class Operator(StrEnum):
+    """How a condition tests a field (``where:`` and ``facts:``)."""
+
+    EQ = "eq"
+    NE = "ne"
+    IN = "in"
+    GT = "gt"
+    GE = "ge"
+    LT = "lt"
+    LE = "le"
+    MATCHES = "matches"  # an RE2 search
+    EXISTS = "exists"  # true: the field is set; false: it is not
+
+
+class Direction(StrEnum):
+    """Where a context clause looks, relative to the trigger."""
+
+    BEFORE = "before"
+    AFTER = "after"
+    AROUND = "around"
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """A test on one field: equality, membership, comparison or an RE2 match."""
 
     field: str
-    op: str  # eq, in, gt, ge, lt, le, ne, matches, exists
+    op: Operator
     value: Any
+    line: int = dataclasses.field(default=0, compare=False)  # where the rule file says it
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +97,7 @@ class Clause:
     where: tuple[Condition, ...] = ()
     lines: int | None = None
     seconds: float | None = None
-    direction: str = "before"  # before, after, around
+    direction: Direction = Direction.BEFORE
     present: bool = True
     same_rank: bool = False
     other_rank: bool = False

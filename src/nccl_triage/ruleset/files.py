@@ -17,8 +17,10 @@ import re2
 from nccl_triage.model import (
     Clause,
     Condition,
+    Direction,
     Example,
     Location,
+    Operator,
     Pattern,
     Rule,
     Severity,
@@ -326,7 +328,7 @@ def _clause(
         tuple(where),
         lines,
         seconds,
-        str(direction),
+        Direction(str(direction)) if direction in DIRECTIONS else Direction.BEFORE,
         flags["present"],
         flags["same_rank"],
         flags["other_rank"],
@@ -385,11 +387,11 @@ def _conditions(
                 if kind == "flag" and not isinstance(value, bool):
                     check.add(fline, f"{what}{fname}: '{op}' takes true or false")
                     continue
-                out.append(Condition(str(fname), str(op), _plain(value)))
+                out.append(Condition(str(fname), Operator(str(op)), _plain(value), fline))
         elif isinstance(spec, list):
-            out.append(Condition(str(fname), "in", tuple(_plain(v) for v in spec)))
+            out.append(Condition(str(fname), Operator.IN, tuple(_plain(v) for v in spec), fline))
         else:
-            out.append(Condition(str(fname), "eq", _plain(spec)))
+            out.append(Condition(str(fname), Operator.EQ, _plain(spec), fline))
     return out
 
 

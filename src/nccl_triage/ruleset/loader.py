@@ -9,15 +9,14 @@ Input: directories of ``*.yaml`` rules and ``signals/*.yaml`` signal families (t
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nccl_triage.errors import RuleError
-from nccl_triage.model import (
-    Rule,
-    Signal,
-)
+from nccl_triage.model import Clause, Rule, Signal
+from nccl_triage.model.fields import fields_of
 from nccl_triage.ruleset.files import load_rule, load_signal
 from nccl_triage.ruleset.shapes import EVENT_KINDS
 
@@ -126,14 +125,36 @@ def collect_ruleset(
                 by_id[rule.id] = len(ruleset.rules)
                 ruleset.rules.append(rule)
     known = set(EVENT_KINDS) | set(signal_ids)
-    problems.extend(
-        f"{rule.source}: unknown event or signal '{clause.event}' "
-        f"(expected one of: {', '.join(sorted(known))})"
-        for rule in ruleset.rules
-        for clause in (rule.match, *rule.context)
-        if clause.event not in known
-    )
+    signals = {s.id: s for s in ruleset.signals}
+    for rule in ruleset.rules:
+        for clause in (rule.match, *rule.context):
+            if clause.event not in known:
+                problems.append(
+                    f"{rule.source}: unknown event or signal '{clause.event}' "
+                    f"(expected one of: {', '.join(sorted(known))})"
+                )
+                continue
+            problems.extend(_unknown_fields(rule, clause, signals.get(clause.event)))
     return ruleset, problems
+
+
+_GROUP = re.compile(r"\(\?P<(\w+)>")
+
+
+def signal_groups(signal: Signal) -> list[str]:
+    """The named groups of a signal's patterns: fields its events carry."""
+    return sorted({g for p in signal.patterns for g in _GROUP.findall(p.regex)})
+
+
+def _unknown_fields(rule: Rule, clause: Clause, signal: Signal | None) -> list[str]:
+    """A problem for each ``where:`` field that events of the clause's kind never carry."""
+    have = fields_of(clause.event, signal_groups(signal) if signal is not None else None)
+    return [
+        f"{rule.source.source}:{cond.line or rule.source.line}: where: '{cond.field}' is not a "
+        f"field of {clause.event} events (they have: {', '.join(sorted(have))})"
+        for cond in clause.where
+        if cond.field not in have
+    ]
 
 
 def load_ruleset(

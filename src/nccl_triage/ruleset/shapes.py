@@ -11,13 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from nccl_triage.model import (
-    JobFacts,
-    Kind,
-    Severity,
-)
+from nccl_triage.model import Direction, JobFacts, Kind, Operator, Severity
 
-# spec/causes.md: the only values a diagnosis's cause may take.
+# docs/causes.md: the only values a diagnosis's cause may take.
 CAUSES = (
     "slow_checkpoint_save",
     "oom_hidden",
@@ -87,15 +83,15 @@ class Shape:
 
 # Condition operators and the value each takes (``where:`` and ``facts:``).
 OPERATOR_TYPES: dict[str, str] = {
-    "eq": "any",
-    "ne": "any",
-    "in": "list",
-    "gt": "number",
-    "ge": "number",
-    "lt": "number",
-    "le": "number",
-    "matches": "regex",
-    "exists": "flag",
+    Operator.EQ: "any",
+    Operator.NE: "any",
+    Operator.IN: "list",
+    Operator.GT: "number",
+    Operator.GE: "number",
+    Operator.LT: "number",
+    Operator.LE: "number",
+    Operator.MATCHES: "regex",
+    Operator.EXISTS: "flag",
 }
 EVENT_KINDS = (*(k.value for k in Kind if k != Kind.WATCHDOG_STATUS), "failure")
 FACT_NAMES = tuple(f.name for f in fields(JobFacts))
@@ -164,8 +160,8 @@ SHAPES: dict[str, Shape] = {
                     "direction",
                     "choice",
                     "where the event may be, relative to the trigger",
-                    values=("before", "after", "around"),
-                    default="before",
+                    values=tuple(d.value for d in Direction),
+                    default=Direction.BEFORE.value,
                 ),
                 Key("present", "flag", "false: the event must NOT be there", default=True),
                 Key("same_rank", "flag", "the event must be on the trigger's rank", default=False),
@@ -252,4 +248,4 @@ EXAMPLE_KEYS = SHAPES["example"].names
 EXPECTS = SHAPES["example"].key("expect").values
 SIGNAL_KEYS = SHAPES["signal"].names
 PATTERN_KEYS = SHAPES["pattern"].names
-OPERATORS = tuple(OPERATOR_TYPES)
+OPERATORS = tuple(o.value for o in Operator)
