@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nccl_triage.errors import InputError
-from nccl_triage.flightrec.analysis import FindingKind, Side, analyse, is_user_frame
+from nccl_triage.flightrec.analysis import analyse
 from nccl_triage.flightrec.cli import fr
-from nccl_triage.flightrec.reader import Frame, load_dumps, parse_dump, rank_from_name
+from nccl_triage.flightrec.reader import load_dumps, parse_dump, rank_from_name
+from nccl_triage.flightrec.records import Frame
 from nccl_triage.flightrec.render import render_text
+from nccl_triage.flightrec.result import FindingKind, Side, is_user_frame
 
 DATA = Path(__file__).resolve().parent / "data" / "fr"
 SCENARIOS = sorted(p.name for p in DATA.iterdir() if (p / "expected.json").is_file())

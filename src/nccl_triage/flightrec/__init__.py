@@ -7,16 +7,9 @@ the rule engine), text or JSON renderings, and the ``fr`` click command in ``cli
 
 from __future__ import annotations
 
-from nccl_triage.flightrec.analysis import (
-    Culprit,
-    FindingKind,
-    FrAnalysis,
-    GroupFinding,
-    RankStatus,
-    Side,
-    analyse,
-)
-from nccl_triage.flightrec.reader import (
+from nccl_triage.flightrec.analysis import analyse
+from nccl_triage.flightrec.reader import load_dumps, parse_dump, read_dump
+from nccl_triage.flightrec.records import (
     Frame,
     FrDump,
     FrLoad,
@@ -24,9 +17,14 @@ from nccl_triage.flightrec.reader import (
     PgConfig,
     PgStatus,
     RecordState,
-    load_dumps,
-    parse_dump,
-    read_dump,
+)
+from nccl_triage.flightrec.result import (
+    Culprit,
+    FindingKind,
+    FrAnalysis,
+    GroupFinding,
+    RankStatus,
+    Side,
 )
 
 __all__ = [

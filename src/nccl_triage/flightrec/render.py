@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from itertools import groupby
 
-from nccl_triage.flightrec.analysis import (
+from nccl_triage.flightrec.result import (
     Culprit,
     FrAnalysis,
     GroupFinding,
