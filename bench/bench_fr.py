@@ -178,7 +178,7 @@ def main() -> None:
     files = write_job(args.ranks, args.entries)
     total = sum(p.stat().st_size for p in files)
     print(f"{len(files)} dumps, {args.entries} entries each, {total / 2**20:.1f} MiB in {OUT}")
-    fr = [sys.executable, "-c", "from nccl_triage.flightrec.cli import fr; fr()", str(OUT)]
+    fr = [sys.executable, "-m", "nccl_triage", "fr", str(OUT)]
     load = "import pickle, sys; [pickle.load(open(f, 'rb')) for f in sys.argv[1:]]"
     runs = [
         ("cat FILES > /dev/null", ["cat", *map(str, files)]),

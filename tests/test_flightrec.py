@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nccl_triage.cli.fr import fr
 from nccl_triage.errors import InputError
 from nccl_triage.flightrec.analysis import analyse
-from nccl_triage.flightrec.cli import fr
 from nccl_triage.flightrec.reader import load_dumps, parse_dump, rank_from_name
 from nccl_triage.flightrec.records import Frame
 from nccl_triage.flightrec.render import render_text

@@ -23,12 +23,11 @@ from nccl_triage.diagnose.engine import correlate
 from nccl_triage.diagnose.facts import compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.ingest.anchors import ANCHORS
-from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segments
+from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
-from nccl_triage.model import FAILURE_KINDS, Correlation, Event, Kind, Line, Report, Unparsed
-from nccl_triage.parse.anatomy import peel
+from nccl_triage.model import FAILURE_KINDS, Correlation, Event, Kind, Report, Unparsed
 from nccl_triage.parse.dedupe import Deduper
-from nccl_triage.parse.lines import LineParser
+from nccl_triage.parse.lines import LineParser, peel_segments
 from nccl_triage.ruleset import Ruleset
 
 
@@ -126,10 +125,11 @@ class Triage:
     def _take(self, inp: _Input, cands: list[Candidate]) -> int:
         for cand in cands:
             inp.candidates += 1
-            inp.parser.feed(cand)
+            lines = peel_segments(inp.source, cand)  # once, for the grammar and the signals
+            inp.parser.feed(cand, lines)
             if self.ruleset.signals:
-                for seg in segments(cand.raw):
-                    inp.signals.feed(peel(Line(inp.source, cand.lineno, seg)))
+                for line in lines:
+                    inp.signals.feed(line)
         return len(cands)
 
     # -- state

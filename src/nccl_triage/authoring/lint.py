@@ -12,10 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import re2
-
 from nccl_triage.authoring.examples import run_example
 from nccl_triage.errors import TemplateError, TriageError
+from nccl_triage.ingest.regex import compile_regex
 from nccl_triage.model import Rule, Signal
 from nccl_triage.ruleset import Ruleset, collect_ruleset, source_dirs
 from nccl_triage.ruleset.safeyaml import line_of, load_yaml
@@ -224,13 +223,10 @@ def _lint_signals(sel: Selection) -> list[str]:
         data, _ = load_yaml(path)
         raw = data.get("patterns") if isinstance(data, dict) else None
         items = raw if isinstance(raw, list) else []
-        options = re2.Options()
-        options.log_errors = False
-        options.case_sensitive = not sig.ignore_case
         for i, pat in enumerate(sig.patterns):
             item = items[i] if i < len(items) else None
             where = f"{path}:{line_of(item) or line_of(raw)}: patterns[{i}]"
-            regex = re2.compile(pat.regex, options)
+            regex = compile_regex(pat.regex, sig.ignore_case)
             for where_line, text in lines:
                 if regex.search(text) and scan.search(text.encode("utf-8", "replace")) is None:
                     out.append(

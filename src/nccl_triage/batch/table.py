@@ -309,3 +309,49 @@ def look_first_key(o: Outcome) -> tuple[int, float, float, str]:
         return (1, 0.0, recent, o.job.name)
     severity = -SEVERITY_ORDER.get(str(d["severity"]), -1)
     return (severity, -float(d["confidence"]), recent, o.job.name)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Failed jobs per period (day, week or month), by cause, for the report's chart."""
+
+    periods: list[str]  # each period's first day (a month: YYYY-MM)
+    counts: list[dict[str, int]]  # per period: cause -> failed jobs
+    unit: str  # day | week | month
+    basis: str  # log: the first dated line of the logs; mtime: the files' modification time
+    undated: int  # failed jobs that could not be placed
+
+
+def failures_over_time(outcomes: Sequence[Outcome], df: pd.DataFrame) -> Timeline:
+    """Failed jobs per day (or week, or month), stacked by cause.
+
+    Jobs are placed by the first dated line of their logs. Only when no failed job has one
+    are they placed by their files' modification time (an archive's files usually keep the
+    time the job ended); the two are never mixed.
+    """
+    import pandas as pd
+
+    failed = df["verdict"].notna() & (df["verdict"] != "clean")
+    when = df["first_time"]
+    basis = "log"
+    undated = int((failed & when.isna()).sum())
+    if not (failed & when.notna()).any():
+        mtimes = pd.Series([o.job.mtime for o in outcomes], index=df.index, dtype="float64")
+        when = pd.to_datetime(mtimes, unit="s", errors="coerce")
+        basis, undated = "mtime", int((failed & when.isna()).sum())
+    data = pd.DataFrame({"when": when, "cause": df["cause"].fillna("unknown")})[
+        failed & when.notna()
+    ]
+    if data.empty:
+        return Timeline([], [], "day", basis, undated)
+    span = (data["when"].max() - data["when"].min()).days
+    freq, label = ("D", "day") if span <= 90 else ("W", "week") if span <= 700 else ("MS", "month")
+    periods = data["when"].dt.to_period(freq[0] if freq != "MS" else "M").dt.start_time
+    counts = data.assign(period=periods).groupby(["period", "cause"]).size().unstack(fill_value=0)
+    full = pd.period_range(
+        counts.index.min(), counts.index.max(), freq=freq[0] if freq != "MS" else "M"
+    ).start_time
+    counts = counts.reindex(full, fill_value=0)
+    labels = [str(p)[: 7 if freq == "MS" else 10] for p in counts.index]
+    rows = [{str(c): int(k) for c, k in row.items() if k} for _, row in counts.iterrows()]
+    return Timeline(labels, rows, label, basis, undated)

@@ -27,7 +27,7 @@ _COMMANDS = {
     "run": "nccl_triage.cli.live:run",
     "batch": "nccl_triage.cli.batch:batch",
     "rules": "nccl_triage.cli.rules:rules",
-    "fr": "nccl_triage.flightrec.cli:fr",
+    "fr": "nccl_triage.cli.fr:fr",
 }
 DEBUG_ENV = "NCCL_TRIAGE_DEBUG"
 

@@ -13,11 +13,9 @@ around the trigger, optionally on the same or another rank), or its absence
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache
 from typing import Any
 
-import re2
-
+from nccl_triage.ingest.regex import compile_regex
 from nccl_triage.model import (
     FAILURE_KINDS,
     Clause,
@@ -197,11 +195,6 @@ def field_value(ev: Event, name: str) -> Any:
     return ev.detail.get(name)
 
 
-@cache
-def _regex(pattern: str) -> Any:
-    return re2.compile(pattern)
-
-
 def holds(cond: Condition, value: Any) -> bool:
     """Test one condition against a value (None fails every test but ``exists: false``)."""
     op, want = cond.op, cond.value
@@ -216,7 +209,7 @@ def holds(cond: Condition, value: Any) -> bool:
     if op == "in":
         return value in want
     if op == "matches":
-        return _regex(str(want)).search(str(value)) is not None
+        return compile_regex(str(want)).search(str(value)) is not None
     if isinstance(value, list | tuple | dict):
         value = len(value)
     if not isinstance(value, int | float):

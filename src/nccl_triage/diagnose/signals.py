@@ -13,8 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-import re2
-
+from nccl_triage.ingest.regex import compile_regex
 from nccl_triage.model import Detail, Event, Line, Signal
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
@@ -33,13 +32,15 @@ class _Compiled:
 def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
     out: list[_Compiled] = []
     for sig in signals:
-        options = re2.Options()
-        options.case_sensitive = not sig.ignore_case
         exclude = (
-            re2.compile("|".join(f"(?:{x})" for x in sig.exclude), options) if sig.exclude else None
+            compile_regex("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
+            if sig.exclude
+            else None
         )
         out.extend(
-            _Compiled(sig.id, p.name, re2.compile(p.regex, options), p.on_message, exclude)
+            _Compiled(
+                sig.id, p.name, compile_regex(p.regex, sig.ignore_case), p.on_message, exclude
+            )
             for p in sig.patterns
         )
     return tuple(out)

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import re2
-
 from nccl_triage.ingest.anchors import ANCHORS
+from nccl_triage.ingest.regex import compile_bytes_alternation
 
 LOOKBEHIND = 2  # physical lines kept before a candidate (a message wrapped before its anchor)
 LOOKAHEAD = 16  # physical lines kept after it (wrapped messages, the ChildFailedError block)
@@ -63,14 +62,11 @@ def compile_anchors(anchors: tuple[str, ...]) -> Any:
 
     Literals, and regular expressions marked by :func:`regex_anchor`.
     """
-    options = re2.Options()
-    options.never_capture = True
     literals = sorted({a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=len, reverse=True)
     regexes = [a[len(REGEX_PREFIX) :] for a in dict.fromkeys(anchors) if a.startswith(REGEX_PREFIX)]
-    parts = [re2.escape(a.encode()) for a in literals] + [
-        b"(?:" + r.encode() + b")" for r in regexes
-    ]
-    return re2.compile(b"|".join(parts), options)
+    return compile_bytes_alternation(
+        tuple(a.encode() for a in literals), tuple(r.encode() for r in regexes)
+    )
 
 
 def _load_numpy() -> None:

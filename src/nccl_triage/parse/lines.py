@@ -8,6 +8,7 @@ line and a ``what():`` line is one event), and the candidate lines the grammar c
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from nccl_triage.ingest.anchors import ANCHORS
@@ -45,20 +46,24 @@ class LineParser:
         self.unparsed: list[Unparsed] = []
         self.candidates = 0
 
-    def feed(self, cand: Candidate) -> None:
-        """Parse one candidate line (joined with its neighbours when a message was wrapped)."""
+    def feed(self, cand: Candidate, lines: Sequence[Line] | None = None) -> None:
+        """Parse one candidate line (joined with its neighbours when a message was wrapped).
+
+        ``lines`` are the line's segments already peeled (the pipeline peels each line once,
+        for the grammar and the signals alike); without them they are peeled here.
+        """
         if cand.lineno <= self.consumed_until:
             return
         self.candidates += 1
-        segs = segments(cand.raw)
-        for i, seg in enumerate(segs):
-            if not _ANCHOR_RE.search(seg):
+        if lines is None:
+            lines = peel_segments(self.source, cand)
+        for i, line in enumerate(lines):
+            if not _ANCHOR_RE.search(line.text):
                 continue
-            last = i == len(segs) - 1
-            self._feed_segment(cand, seg, first=i == 0, last=last)
+            self._feed_segment(cand, line, first=i == 0, last=i == len(lines) - 1)
 
-    def _feed_segment(self, cand: Candidate, text: str, first: bool, last: bool) -> None:
-        line = peel(Line(self.source, cand.lineno, text))
+    def _feed_segment(self, cand: Candidate, line: Line, first: bool, last: bool) -> None:
+        text = line.text
         after = [_decode(raw) for raw in cand.after] if last else []
         fields, used = self._parse_with_joins(line, after)
         start_line = line
@@ -163,6 +168,11 @@ class LineParser:
         text = ", ".join(f"{k}={v}" for k, v in record.items() if v is not None)
         row = Line(line.source, lineno, text, message=text, rank=rank)
         self.dedupe.add(make_event(row, fields, line.text.strip() + " " + text))
+
+
+def peel_segments(source: str, cand: Candidate) -> list[Line]:
+    """The segments of a candidate line (parts between carriage returns), peeled."""
+    return [peel(Line(source, cand.lineno, seg)) for seg in segments(cand.raw)]
 
 
 def _continues_previous(cand: Candidate, text: str, line: Line, parsed: bool) -> bool:

@@ -8,19 +8,21 @@ string in it comes from untrusted logs.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nccl_triage import __version__
-
-if TYPE_CHECKING:
-    import pandas as pd
-
 from nccl_triage.batch.inputs import SEVERITY_ORDER, JobResult
-from nccl_triage.batch.run import BatchResult, Outcome
-from nccl_triage.batch.table import Summary, format_cell, is_missing, look_first_key
+from nccl_triage.batch.run import BatchResult
+from nccl_triage.batch.table import (
+    Summary,
+    Timeline,
+    failures_over_time,
+    format_cell,
+    is_missing,
+    look_first_key,
+)
 
 # ----------------------------------------------------------------------------- html
 
@@ -129,7 +131,7 @@ def render_html(result: BatchResult, max_details: int = 1000) -> str:
         summary=summary,
         stats=result.stats,
         causes_chart=_causes_chart(summary),
-        time_chart=_time_chart(result.outcomes, df),
+        time_chart=_time_chart(failures_over_time(result.outcomes, df)),
         rows=rows,
         details=details,
         hidden_details=max(0, len(order) - max_details),
@@ -241,42 +243,18 @@ def _causes_chart(s: Summary) -> dict[str, Any]:
     }
 
 
-def _time_chart(outcomes: Sequence[Outcome], df: pd.DataFrame) -> dict[str, Any]:
-    """Failed jobs per day (or week, or month), stacked by cause.
-
-    Jobs are placed by the first dated line of their logs. Only when no failed job has one
-    are they placed by their files' modification time (an archive's files usually keep the
-    time the job ended); the two are never mixed.
-    """
-    import pandas as pd
-
-    failed = df["verdict"].notna() & (df["verdict"] != "clean")
-    when = df["first_time"]
-    basis = "log"
-    undated = int((failed & when.isna()).sum())
-    if not (failed & when.notna()).any():
-        mtimes = pd.Series([o.job.mtime for o in outcomes], index=df.index, dtype="float64")
-        when = pd.to_datetime(mtimes, unit="s", errors="coerce")
-        basis, undated = "mtime", int((failed & when.isna()).sum())
-    data = pd.DataFrame({"when": when, "cause": df["cause"].fillna("unknown")})[
-        failed & when.notna()
-    ]
-    if data.empty:
-        return {"bars": [], "basis": basis, "undated": undated}
-    span = (data["when"].max() - data["when"].min()).days
-    freq, label = ("D", "day") if span <= 90 else ("W", "week") if span <= 700 else ("MS", "month")
-    periods = data["when"].dt.to_period(freq[0] if freq != "MS" else "M").dt.start_time
-    counts = data.assign(period=periods).groupby(["period", "cause"]).size().unstack(fill_value=0)
-    full = pd.period_range(
-        counts.index.min(), counts.index.max(), freq=freq[0] if freq != "MS" else "M"
-    ).start_time
-    counts = counts.reindex(full, fill_value=0)
+def _time_chart(timeline: Timeline) -> dict[str, Any]:
+    """Failed jobs per day (or week, or month), stacked by cause, as SVG geometry."""
+    if not timeline.periods:
+        return {"bars": [], "basis": timeline.basis, "undated": timeline.undated}
+    counts = timeline.counts
+    label, basis, undated = timeline.unit, timeline.basis, timeline.undated
     plot_w, plot_h, left, top = 760, 180, 40, 10
     n = len(counts)
     step = plot_w / n
-    peak = int(counts.sum(axis=1).max()) or 1
+    peak = max((sum(row.values()) for row in counts), default=0) or 1
     bars = []
-    for i, (period, row) in enumerate(counts.iterrows()):
+    for i, (period, row) in enumerate(zip(timeline.periods, counts, strict=True)):
         y = float(top + plot_h)
         for cause, k in row.items():
             if not k:
@@ -290,14 +268,14 @@ def _time_chart(outcomes: Sequence[Outcome], df: pd.DataFrame) -> dict[str, Any]
                     "w": max(1.0, step * 0.8),
                     "h": h,
                     "color": CAUSE_COLORS.get(str(cause), _OTHER_COLOR),
-                    "title": f"{str(period)[:10]}: {k} × {cause}",
+                    "title": f"{period}: {k} × {cause}",
                 }
             )
     ticks = sorted({0, n // 2, n - 1})
     labels = [
         {
             "x": left + i * step + step / 2,
-            "text": str(counts.index[i])[: 7 if freq == "MS" else 10],
+            "text": timeline.periods[i],
             "anchor": "start" if i == 0 and n > 1 else "end" if i == n - 1 and n > 1 else "middle",
         }
         for i in ticks

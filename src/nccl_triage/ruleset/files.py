@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import re2
-
+from nccl_triage.ingest.regex import compile_error
 from nccl_triage.model import (
     Clause,
     Condition,
@@ -177,28 +176,6 @@ def load_signal(path: Path) -> tuple[Signal | None, list[str]]:
         Location(str(path), data.line),
         tuple(exclude),
     ), []
-
-
-def compile_error(regex: str, ignore_case: bool = False) -> str | None:
-    """Return why RE2 rejects a pattern, or None when it compiles."""
-    options = re2.Options()
-    options.case_sensitive = not ignore_case
-    options.log_errors = False  # the reason is returned; RE2 need not print it on stderr too
-    try:
-        re2.compile(regex, options)
-    except Exception as exc:  # noqa: BLE001 - re2.error, and plain errors for some inputs
-        arg = exc.args[0] if exc.args else ""
-        reason = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
-        reason = reason or type(exc).__name__
-        if any(op in regex for op in ("(?=", "(?!", "(?<=", "(?<!")) or re2.search(
-            r"\\[1-9]", regex
-        ):
-            reason += (
-                " (RE2 has no backreferences or lookarounds; that is what keeps matching linear"
-                " in the input, so a pattern cannot hang the tool)"
-            )
-        return reason
-    return None
 
 
 def load_rule(path: Path) -> tuple[Rule | None, list[str]]:

@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import click
 
-from nccl_triage.flightrec.analysis import analyse
-from nccl_triage.flightrec.reader import load_dumps
-from nccl_triage.flightrec.render import render_json, render_text
-
-EXIT_CLEAN = 0
-EXIT_STUCK = 1
-EXIT_NO_INPUT = 2
+from nccl_triage.cli.common import EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, error
 
 
 @click.command("fr")
@@ -37,13 +31,17 @@ def fr(ctx: click.Context, sources: tuple[str, ...], fmt: str) -> None:
     read; pickles may build plain data only. Exit status: 0 nothing stuck, 1 stuck (culprits
     named), 2 no dump could be read.
     """
+    from nccl_triage.flightrec.analysis import analyse
+    from nccl_triage.flightrec.reader import load_dumps
+    from nccl_triage.flightrec.render import render_json, render_text
+
     load = load_dumps(sources)
     for problem in load.problems:
-        click.echo(problem, err=True)
+        error(problem)
     if not load.dumps:
-        click.echo("nccl-triage fr: no flight-recorder dump could be read", err=True)
-        ctx.exit(EXIT_NO_INPUT)
+        error("no flight-recorder dump could be read")
+        ctx.exit(EXIT_USAGE)
     analysis = analyse(load.dumps, load.unreadable_ranks)
     render = render_json if fmt == "json" else render_text
     click.echo(render(analysis, load.problems), nl=False)
-    ctx.exit(EXIT_STUCK if analysis.hung else EXIT_CLEAN)
+    ctx.exit(EXIT_FINDINGS if analysis.hung else EXIT_CLEAN)

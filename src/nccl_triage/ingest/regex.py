@@ -1,0 +1,53 @@
+"""Linear-time regular expressions (RE2) for every pattern that comes from a rule file.
+
+Input: pattern text (from signals, rule conditions, the scan's anchors). Output: compiled RE2
+patterns, or the reason RE2 rejects one. RE2 has no backreferences or lookarounds; that is
+what keeps matching linear in the input, so a contributed pattern cannot hang the tool. Only
+this package imports re2.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import re2
+
+
+@cache
+def compile_regex(pattern: str, ignore_case: bool = False) -> Any:
+    """Compile a pattern over text (compiled once per process)."""
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    return re2.compile(pattern, options)
+
+
+@cache
+def compile_bytes_alternation(literals: tuple[bytes, ...], regexes: tuple[bytes, ...]) -> Any:
+    """One RE2 alternation over bytes of escaped literals and regexes, capturing nothing."""
+    options = re2.Options()
+    options.never_capture = True
+    parts = [re2.escape(a) for a in literals] + [b"(?:" + r + b")" for r in regexes]
+    return re2.compile(b"|".join(parts), options)
+
+
+def compile_error(regex: str, ignore_case: bool = False) -> str | None:
+    """Return why RE2 rejects a pattern, or None when it compiles."""
+    options = re2.Options()
+    options.case_sensitive = not ignore_case
+    options.log_errors = False  # the reason is returned; RE2 need not print it on stderr too
+    try:
+        re2.compile(regex, options)
+    except Exception as exc:  # noqa: BLE001 - re2.error, and plain errors for some inputs
+        arg = exc.args[0] if exc.args else ""
+        reason = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+        reason = reason or type(exc).__name__
+        if any(op in regex for op in ("(?=", "(?!", "(?<=", "(?<!")) or re2.search(
+            r"\\[1-9]", regex
+        ):
+            reason += (
+                " (RE2 has no backreferences or lookarounds; that is what keeps matching linear"
+                " in the input, so a pattern cannot hang the tool)"
+            )
+        return reason
+    return None
