@@ -22,10 +22,10 @@ from typing import IO
 from nccl_triage.diagnose.engine import correlate
 from nccl_triage.diagnose.facts import compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
-from nccl_triage.ingest.anchors import ANCHORS
+from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
-from nccl_triage.model import FAILURE_KINDS, Correlation, Event, Kind, Report, Unparsed
+from nccl_triage.model import Correlation, Event, Kind, Report, Unparsed, is_failure
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import LineParser, peel_segments
 from nccl_triage.ruleset import Ruleset
@@ -33,12 +33,10 @@ from nccl_triage.ruleset import Ruleset
 
 def verdict_of(events: Iterable[Event]) -> str:
     """``nccl_timeout`` if a collective timed out, ``nccl_error`` for any other NCCL failure."""
-    kinds = {e.kind for e in events}
-    if Kind.WATCHDOG_TIMEOUT in kinds:
+    failures = [e for e in events if is_failure(e)]
+    if any(e.kind == Kind.WATCHDOG_TIMEOUT for e in failures):
         return "nccl_timeout"
-    if kinds & FAILURE_KINDS:
-        return "nccl_error"
-    return "clean"
+    return "nccl_error" if failures else "clean"
 
 
 def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
@@ -48,6 +46,7 @@ def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     literal anchor (as regular expressions).
     """
     literals, regexes = scan_anchors(ruleset.signals)
+    regexes = (*REGEX_ANCHORS, *regexes)
     return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
 
 

@@ -179,9 +179,9 @@ def _clip(text: str) -> str:
 
 
 def _first_failure(report: Report) -> Event | None:
-    from nccl_triage.model import FAILURE_KINDS
+    from nccl_triage.model import is_failure
 
-    return next((e for e in report.events if e.kind in FAILURE_KINDS), None)
+    return next((e for e in report.events if is_failure(e)), None)
 
 
 def _culprit(report: Report) -> int | None:

@@ -130,7 +130,9 @@ def lint(dirs: tuple[str, ...]) -> None:
 @click.option(
     "--corpus",
     type=click.Path(exists=True, file_okay=False),
-    help="Also triage every log of this folder and show where each rule fires.",
+    help="Also triage every log of this folder: with a manifest.yaml of labels beside the "
+    "logs, print accuracy, per-cause precision and recall, confusions and misses; without "
+    "one, where each rule fires.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="List every example, not only failures.")
 def test(
@@ -146,6 +148,7 @@ def test(
     whole ruleset runs, as in real use. Prints each failure, then "N passed, M failed".
     """
     from nccl_triage.authoring import corpus_hits, display_path, run_tests
+    from nccl_triage.authoring.evaluate import evaluate_corpus, has_manifest
 
     run = run_tests(dirs, only, disable)
     for notice in run.notices:
@@ -167,7 +170,14 @@ def test(
             click.echo(f"      fired:    {', '.join(r.fired) or 'nothing'}")
             if r.reason:
                 click.echo(f"      {r.rule.id}: {r.reason}")
-        if corpus is not None and run.selection is not None:
+        if corpus is not None and run.selection is not None and has_manifest(corpus):
+            # labelled logs: accuracy, precision and recall per cause, confusions, misses
+            try:
+                click.echo(evaluate_corpus(corpus, run.selection.ruleset).format(), nl=False)
+            except TriageError as exc:
+                error(str(exc))
+                sys.exit(EXIT_USAGE)
+        elif corpus is not None and run.selection is not None:
             try:
                 found = corpus_hits(run.selection.ruleset, run.selection.rules, corpus)
             except TriageError as exc:

@@ -17,7 +17,6 @@ from typing import Any
 
 from nccl_triage.ingest.regex import compile_regex
 from nccl_triage.model import (
-    FAILURE_KINDS,
     Clause,
     Condition,
     Correlation,
@@ -28,6 +27,7 @@ from nccl_triage.model import (
     JobFacts,
     Kind,
     Rule,
+    is_failure,
 )
 from nccl_triage.model.fields import ANY_FAILURE
 
@@ -48,7 +48,7 @@ def correlate(
     by_kind: dict[str, list[Event]] = {}
     for ev in events:
         by_kind.setdefault(ev.kind, []).append(ev)
-        if ev.kind in FAILURE_KINDS:
+        if is_failure(ev):
             by_kind.setdefault(ANY_FAILURE, []).append(ev)
     fact_values = facts.to_dict()
     out = Correlation()

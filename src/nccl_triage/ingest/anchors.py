@@ -53,6 +53,11 @@ ANCHORS: tuple[str, ...] = (
     "onitor Thread is disabled",
     "should dump",
     "Could not acquire GIL",
+    "Caught signal",  # UCX / libc handlers: a fatal signal, NCCL's when its frames follow
+    "raised from ncclCommWatchdog",  # the C++ trace of the exception the watchdog died of
+    "raised from c10d::ProcessGroupNCCL::",
+    "raised from ProcessGroupNCCL::",
+    "raised from watchdogHandler",
     # family 5: NCCL errors through PyTorch, libnccl's own lines
     "NCCL error",
     "NCCL timeout in",
@@ -66,7 +71,20 @@ ANCHORS: tuple[str, ...] = (
     "Unknown NCCL error",
     "Last error:",
     "NCCL WARN",
+    "NCCL failure",  # nccl-tests
+    "NCCL operation",  # XLA: "NCCL operation ncclCommInitRank(...) failed: ..."
+    "NCCL Error",  # vLLM/sglang pynccl
+    "Nccl error",  # PaddlePaddle
+    "NCCL error(",  # PaddlePaddle
+    "async NCCL error",  # XLA: "Aborting communicator ... due to async NCCL error"
+    "undefined symbol: nccl",
+    "Unable to load NCCL library",
+    "Failed to create NCCL communicator",  # XLA
+    "Mismatched ",  # Horovod: "Mismatched ALLREDUCE CPU/GPU device selection"
+    "tensors were submitted",  # Horovod's stall inspector
+    "Stalled ops",
     ".cc:",  # libnccl's error traces "NCCL INFO init.cc:82 -> 3" (its sources are .cc files)
+    ".cu:",  # NCCL <= 2.3 sources: "misc/ibvwrap.cu:60 WARN ...", "bootstrap.cu:19 -> 2"
     "Init COMPLETE",
     "NCCL version",
     "NET/Socket : Using",
@@ -111,4 +129,13 @@ ANCHORS: tuple[str, ...] = (
     # environment variables
     "is deprecated; use TORCH_",
     "has no effect when TORCH_",
+)
+
+# Phrases no literal covers, as RE2 patterns: NCCL <= 2.2 warnings from a header or C file
+# without the NCCL word ("include/socket.h:311 WARN ..."), and frameworks naming the failed
+# NCCL call ("ncclCommInitRank failed: unhandled system error").
+REGEX_ANCHORS: tuple[str, ...] = (
+    r"\.(?:h|hpp|c|cpp):\d+ +WARN\b",
+    r"\.(?:h|hpp|c|cpp):\d+ +-> +\d",  # an error return traced through a header or C file
+    r"\bnccl[A-Z]\w+(?:\([^)]*\))? failed:",
 )

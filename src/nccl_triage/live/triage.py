@@ -205,9 +205,9 @@ class LiveTriage:
             self._differs_since = now
 
     def _note_failures(self, report: Report) -> None:
-        from nccl_triage.model import FAILURE_KINDS
+        from nccl_triage.model import is_failure
 
-        lines = sorted({e.line for e in report.events if e.kind in FAILURE_KINDS})
+        lines = sorted({e.line for e in report.events if is_failure(e)})
         self._failure_lines = lines
 
     def _prune(self) -> None:

@@ -9,6 +9,7 @@ from nccl_triage.model.events import (
     Occurrence,
     Prefix,
     PrefixKind,
+    is_failure,
 )
 from nccl_triage.model.report import (
     SCHEMA,
@@ -58,4 +59,5 @@ __all__ = [
     "Severity",
     "Signal",
     "Unparsed",
+    "is_failure",
 ]

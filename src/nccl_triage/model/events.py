@@ -49,13 +49,33 @@ FAILURE_KINDS = frozenset(
         Kind.WATCHDOG_TIMEOUT,
         Kind.NCCL_ERROR,
         Kind.NCCL_WARN,
+        Kind.NCCL_INFO,
         Kind.WATCHDOG_EXCEPTION,
         Kind.HEARTBEAT_TIMEOUT,
         Kind.COLLECTIVE_MISMATCH,
         Kind.STORE_TIMEOUT,
         Kind.GLOO_ERROR,
+        Kind.DESYNC_REPORT,
+        Kind.FLIGHT_RECORDER,
     }
 )
+# Of these kinds, only some forms or severities are failures: NCCL's own lines when they say an
+# error (a WARN of an error family, an error-return trace), the desync report's verdict, the
+# flight-recorder analyser's finding. The rest of those kinds are context.
+_FAILING_FORMS = {
+    Kind.DESYNC_REPORT: frozenset({"report_failed"}),
+    Kind.FLIGHT_RECORDER: frozenset({"not_all_joining"}),
+}
+
+
+def is_failure(ev: Event) -> bool:
+    """Tell whether an event is a failure of the job in NCCL (one of :data:`FAILURE_KINDS`)."""
+    if ev.kind not in FAILURE_KINDS:
+        return False
+    if ev.kind in (Kind.NCCL_WARN, Kind.NCCL_INFO):
+        return ev.detail.get("severity") == "error"
+    forms = _FAILING_FORMS.get(Kind(ev.kind))
+    return forms is None or ev.form in forms
 
 
 class PrefixKind(StrEnum):

@@ -24,7 +24,8 @@ from nccl_triage.model import Line, Prefix, PrefixKind
 _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 
 # Outer layers, tried in order at the current position until none applies.
-_VIEWER_LINE = re.compile(r"\[(\d+)\] |\s*(\d+)\t")  # "[1757] " (web log viewers), cat -n
+# "[1757] " (web log viewers), cat -n; not NCCL's device tag ("[3] NCCL WARN", "[3] include/...")
+_VIEWER_LINE = re.compile(r"\[(\d+)\] (?!NCCL |[\w/.+-]+\.(?:cc|cu|h|c|cpp):\d+ )|\s*(\d+)\t")
 _QUOTE = re.compile(r"(?:> ?)+(?=\S)")  # markdown quote markers in pasted logs
 _SPACE = re.compile(r"\s+")
 _ISO = re.compile(
@@ -42,7 +43,8 @@ _HF_TRANSFORMERS = re.compile(
     rf"\[({_LEVELS})\|[\w./-]+:\d+\] (\d{{4}})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d+))? >> "
 )
 _LOGURU = re.compile(rf"\| ({_LEVELS}|SUCCESS|TRACE)\s*\| ([\w.<>:]+) - ")
-_LEVEL_WORD = re.compile(rf"({_LEVELS}) (?=\S)")  # "2023-09-07 09:14:40,098 ERROR train.py:308 ..."
+# "2023-09-07 09:14:40,098 ERROR train.py:308 ...", but not NCCL 1.x's own "WARN src/reduce.cu:126"
+_LEVEL_WORD = re.compile(rf"({_LEVELS}) (?=\S)(?![\w/.+-]+\.(?:cu|cc):\d+ )")
 _JOBSYS = re.compile(r"([0-9a-f]{6,}) \[rank=(\d+)\] \|\| ")  # Determined: "fa88a9df [rank=1] || "
 _RAY = re.compile(r"\((\w+) pid=(\d+)(?:, ip=([0-9a-fA-F.:]+))?\)\s*")
 _SRUN = re.compile(r"(\d{1,5}): ")

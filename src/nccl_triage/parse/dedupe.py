@@ -46,10 +46,13 @@ _FORM_RANK = {
     "timeout_at": 6,
     "exception_detected": 6,
     "failure_detected": 6,
+    "desync_timeout_at": 6,
     "dump_signal": 7,
     "damaged": 8,
 }
 _MASK = re.compile(r"\d+")
+# Lines that name a timed-out work but not its sizes or timeout: a timeout of their own is partial.
+_STATUS_FORMS = ("timeout_at", "exception_detected", "failure_detected", "desync_timeout_at")
 
 
 class Deduper:
@@ -69,6 +72,20 @@ class Deduper:
         if ev.kind in (Kind.WATCHDOG_TIMEOUT, Kind.WATCHDOG_STATUS):
             self._add_timeout(ev)
             return
+        if ev.form == "raised_from_watchdog":
+            # the C++ trace under a watchdog's death: a line of that event when it was seen
+            death = next(
+                (
+                    i
+                    for i in range(len(self._events) - 1, -1, -1)
+                    if self._events[i].form == "thread_death"
+                    and (ev.rank is None or self._events[i].rank in (None, ev.rank))
+                ),
+                None,
+            )
+            if death is not None:
+                self._events[death] = _with_occurrence(self._events[death], ev)
+                return
         key: tuple[Any, ...] = (
             ev.kind,
             ev.rank,
@@ -98,11 +115,7 @@ class Deduper:
                 self._by_seq.setdefault(ev.seq, []).append(match)
         if match is None:
             # only the work number in a status line: no op type, sizes or timeout
-            partial = ev.partial or ev.form in (
-                "timeout_at",
-                "exception_detected",
-                "failure_detected",
-            )
+            partial = ev.partial or ev.form in _STATUS_FORMS
             i = len(events)
             events.append(replace(ev, kind=Kind.WATCHDOG_TIMEOUT, partial=partial))
             self._timeouts.append(i)

@@ -27,6 +27,7 @@ from nccl_triage.parse.fields_common import (
     ranks,
     signame,
 )
+from nccl_triage.parse.nccl_text import read_message, read_reason
 
 
 class LibraryFields(Transformer[Token, Fields]):
@@ -72,21 +73,78 @@ class LibraryFields(Transformer[Token, Fields]):
             "last_error": items[0] if items else None,
         }
 
+    # --- NCCL errors as frameworks raise them
+    def _nccl_raised(self, form: str, reason: str, **extra: Any) -> Fields:
+        out: Fields = {"kind": Kind.NCCL_ERROR, "form": form, **read_reason(reason)}
+        out.update({k: v for k, v in extra.items() if v is not None})
+        return out
+
+    def nccl_failure(self, items: list[Any]) -> Fields:
+        src = _token(items, "SRC_LOC")
+        reason = (_token(items, "QUOTED") or "").strip("'\"")
+        return self._nccl_raised("failure", reason, **_source(src))
+
+    def nccl_error_code(self, items: list[Any]) -> Fields:
+        code = int(_token(items, "INT") or 0)
+        reason = _text(items)
+        out = self._nccl_raised("error_code", reason)
+        out["error_class"] = NCCL_RESULTS.get(code, out.get("error_class") or f"ncclResult {code}")
+        return out
+
+    def nccl_error_text(self, items: list[Any]) -> Fields:
+        return self._nccl_raised("error_text", _text(items))
+
+    def nccl_call_failed(self, items: list[Any]) -> Fields:
+        call = _token(items, "NCCL_CALL") or _token(items, "NCCL_FN") or ""
+        return self._nccl_raised("call_failed", _text(items), nccl_call=call.split("(")[0])
+
+    def nccl_async_abort(self, items: list[Any]) -> Fields:
+        return self._nccl_raised("async_abort", _text(items))
+
+    def nccl_symbol(self, items: list[Any]) -> Fields:
+        symbol = _token(items, "NCCL_FN") or ""
+        return {
+            "kind": Kind.NCCL_ERROR,
+            "form": "undefined_symbol",
+            "nccl_call": symbol,
+            "reason": f"undefined symbol: {symbol}",
+        }
+
+    def nccl_no_library(self, items: list[Any]) -> Fields:
+        return {
+            "kind": Kind.NCCL_ERROR,
+            "form": "no_library",
+            "reason": "Unable to load NCCL library",
+        }
+
+    def nccl_cuda_failure(self, items: list[Any]) -> Fields:
+        src = _token(items, "SRC_LOC")
+        reason = (_token(items, "QUOTED") or "").strip("'\"")
+        out = self._nccl_raised("cuda_failure", reason, **_source(src))
+        out["cuda_error"] = reason
+        out.setdefault("error_class", "ncclUnhandledCudaError")
+        return out
+
+    # --- libnccl's own lines
     def nccl_lib(self, items: list[Any]) -> Fields:
-        origin = str(items[0])
-        m = re.match(r"([\w.-]+):(\d+):(\d+)\s*\[(\d+)\]", origin)
-        level = next(str(i) for i in items if isinstance(i, Token) and i.type == "NCCL_LEVEL")
-        src = next((str(i) for i in items if isinstance(i, Token) and i.type == "SRC_LOC"), None)
+        origin = _token(items, "NCCL_ORIGIN") or ""
+        m = re.match(r"([\w.-]+):(\d+)(?::(\d+))?\s*\[(\d+)\]", origin)
+        dev = _token(items, "RANK_LIST")
+        level = _token(items, "NCCL_LEVEL") or "INFO"
+        src = _token(items, "SRC_LOC") or _token(items, "LIB_SRC")
         message = items[-1] if isinstance(items[-1], str) else ""
         out: Fields = {
             "kind": Kind.NCCL_WARN if level == "WARN" else Kind.NCCL_INFO,
             "host": m[1] if m else None,
             "pid": int(m[2]) if m else None,
-            "cuda_dev": int(m[4]) if m else None,
+            "cuda_dev": int(m[4])
+            if m
+            else (int(dev.strip("[] ")) if dev and dev.strip("[] ").isdigit() else None),
             "level": level,
             "source_location": src,
             "message": message,
         }
+        out.update(read_message(level, message, src))
         if level != "WARN":
             for rx, names in INFO_PATTERNS:
                 hit = rx.search(message)
@@ -125,6 +183,28 @@ class LibraryFields(Transformer[Token, Fields]):
             op = re.search(r"OpType\s*=\s*(_?[A-Z][A-Z_]*)", fingerprint)
             if op:
                 out[f"op_type_{'ab'[i]}"] = op[1]
+        return out
+
+    def horovod_mismatch(self, items: list[Any]) -> Fields:
+        return {
+            "kind": Kind.COLLECTIVE_MISMATCH,
+            "form": "horovod_mismatch",
+            "op_type_a": _token(items, "OPTYPE"),
+            "message": _text(items),
+        }
+
+    def horovod_stall(self, items: list[Any]) -> Fields:
+        text = _text(items)
+        missing = sorted(
+            {
+                int(r)
+                for m in re.finditer(r"missing ranks:\s*([\d,\s]+)", text)
+                for r in re.findall(r"\d+", m[1])
+            }
+        )
+        out: Fields = {"kind": Kind.COLLECTIVE_MISMATCH, "form": "stalled_ops", "message": text}
+        if missing:
+            out["missing_ranks"] = ", ".join(map(str, missing))
         return out
 
     # --- F6
@@ -327,3 +407,21 @@ class LibraryFields(Transformer[Token, Fields]):
 
     def env_no_effect(self, items: list[Any]) -> Fields:
         return {"kind": Kind.ENV_WARNING, "form": "no_effect", "env_name": str(items[0])}
+
+
+def _token(items: list[Any], kind: str) -> str | None:
+    """The text of the first token of type ``kind`` among a rule's items, or None."""
+    return next((str(i) for i in items if isinstance(i, Token) and i.type == kind), None)
+
+
+def _text(items: list[Any]) -> str:
+    """The free text (``tail``) of a rule's items, or ''."""
+    return next((i for i in reversed(items) if isinstance(i, str) and not isinstance(i, Token)), "")
+
+
+def _source(location: str | None) -> dict[str, Any]:
+    """``source_file`` and ``source_line`` of a ``file:line`` location."""
+    if not location or ":" not in location:
+        return {}
+    file, _, line = location.rpartition(":")
+    return {"source_file": file, "source_line": int(line)} if line.isdigit() else {}

@@ -24,6 +24,7 @@ from nccl_triage.parse.fields_common import (
     NotAMessage,
     looks_cut,
     ranks,
+    signame,
 )
 
 
@@ -238,9 +239,10 @@ class TorchFields(Transformer[Token, Fields]):
         }
 
     def desync_timeout_at(self, items: list[Any]) -> Fields:
+        # the report of a rank whose collective timed out: that timeout, as a status line
         return {
-            "kind": Kind.DESYNC_REPORT,
-            "form": "timeout_at",
+            "kind": Kind.WATCHDOG_STATUS,
+            "form": "desync_timeout_at",
             "op_type": str(items[0]),
             "seq": int(items[1]),
         }
@@ -395,6 +397,14 @@ class TorchFields(Transformer[Token, Fields]):
 
     def monitor_disabled(self, items: list[Any]) -> Fields:
         return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "monitor_disabled"}
+
+    def watchdog_raised(self, items: list[Any]) -> Fields:
+        # the C++ trace of an exception the watchdog thread died of (its message was above)
+        return {"kind": Kind.WATCHDOG_EXCEPTION, "form": "raised_from_watchdog"}
+
+    def fatal_signal(self, items: list[Any]) -> Fields:
+        num = int(next(str(i) for i in items if isinstance(i, Token) and i.type == "INT"))
+        return {"kind": "fatal_signal", "form": "fatal_signal", "signal": signame(num)}
 
     def gil_hang(self, items: list[Any]) -> Fields:
         return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "gil_hang"}

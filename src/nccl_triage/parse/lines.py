@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from nccl_triage.ingest.anchors import ANCHORS
+from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import segments
 from nccl_triage.ingest.scan import Candidate
 from nccl_triage.model import Detail, Event, Kind, Line, Unparsed
@@ -23,13 +23,20 @@ from nccl_triage.parse.grammar import parse_tree
 from nccl_triage.parse.messages import PRELUDE_TAIL, REPEATED, normalize, parse_message, salvage
 
 MAX_UNPARSED = 10_000
+# A frame of a backtrace in an NCCL function: "2 0x0000000000068d7c ncclGroupEnd() ???:0"
+_NCCL_FRAME = re.compile(r"^\s*(?:#?\d+\s+0x[0-9a-f]+\s+|frame #\d+:\s*)(nccl[A-Z]\w*|nccl::\w+)")
 
 _STRONG_START = re.compile(
     r"\s*(?:\[rank\d+\]|\[[A-Za-z_][\w.-]*\d+\]:|\[[FEWIV]\d{0,4}[ \d:.]*[\w.+-]+:\d+\]"
     r"|[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |\[?\d{4}-\d\d-\d\d|frame #|Exception raised from|terminate called"
     r"|Traceback|File \"|[\w.-]+:\d+:\d+ \[\d+\]|\(\w+ pid=|[\w.]+(?:Error|Exception):|\[\d+\] |=====|-----)"
 )
-_ANCHOR_RE = re.compile("|".join(re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)))
+_ANCHOR_RE = re.compile(
+    "|".join(
+        [re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)]
+        + [f"(?:{r})" for r in REGEX_ANCHORS]
+    )
+)
 MAX_JOIN = 4
 
 
@@ -105,6 +112,13 @@ class LineParser:
                 self.consumed_until = max(self.consumed_until, cand.lineno + 1)
         if kind == "child_field":
             return  # a ChildFailedError record line outside a block: nothing to pin it on
+        if kind == "fatal_signal":
+            # A process killed by a signal is an NCCL failure when the backtrace after it runs
+            # through NCCL's own functions (a bus error in ncclGroupEnd: its shared memory).
+            frame = next((m for raw in cand.after if (m := _NCCL_FRAME.search(_decode(raw)))), None)
+            if frame is None:
+                return  # a crash of some other code: context for the diagnosis, not an event
+            fields = {**fields, "kind": Kind.NCCL_ERROR, "nccl_call": frame[1]}
         self.dedupe.add(make_event(start_line, fields, self._joined_text(start_line, after, used)))
 
     def _joined_text(self, line: Line, after: list[str], used: int) -> str:

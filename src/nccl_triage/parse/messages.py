@@ -28,6 +28,9 @@ _HEADS = re.compile(
     r"|recvValue|Stack\s*trace\s*of|Not\s*all\s*ranks|Connection\s*closed\s*by\s*peer"
     r"|Unable\s*to\s*find\s*address|Environment\s*variable|(?<![\w.-])[\w.-]+:\d+:\d+\s*\[\d+\]"
     r"|NCCL\s*version|ProcessGroupNCCL\s*(?:preparing|monitor)|Could\s*not\s*acquire"
+    r"|NCCL\s*(?:operation|failure|Error)|Nccl\s*error|Aborting\s*communicator|undefined\s*symbol"
+    r"|Unable\s*to\s*load\s*NCCL|Mismatched\s|One\s*or\s*more\s*tensors|Stalled\s*ops"
+    r"|\bnccl[A-Z]\w*(?:\(.*?\))?\s*failed"
 )
 # Prelude tokens that may stand right before a head: exception classes, what():, PG prefixes.
 PRELUDE_TAIL = re.compile(
