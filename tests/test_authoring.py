@@ -296,7 +296,7 @@ def test_run_tests_reports_a_rule_that_fires_where_it_must_not(tmp_path: Path) -
 
 def test_run_tests_only_disable_and_load_problems(tmp_path: Path) -> None:
     run = authoring.run_tests([], only=["timeout-too-short"])
-    assert run.passed == 2 and run.failed == 0
+    assert run.passed == len(run.results) >= 2 and run.failed == 0
     assert (
         authoring.run_tests([], only=["nope"]).problems[0].startswith("--only/--disable: no rule")
     )

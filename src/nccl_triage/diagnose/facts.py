@@ -2,9 +2,17 @@
 
 Input: parsed events (and signal events). Output: :class:`JobFacts`, offered to rule
 conditions (``facts:``) and to advice templates: which ranks were seen and timed out (and so
-which did not: the likely culprits), who is furthest behind, collectives that disagree at the
-same SeqNum, the configured timeout against the time the work ran, the data moved, and the
-first rank to die according to torchrun.
+which did not), whether the ranks that timed out were in step, collectives that disagree at
+the same SeqNum, the configured timeout against the time the work ran, the data moved, the
+first rank to die according to torchrun, and the first rank that failed of its own accord.
+
+In step or not. Within one process group, every rank numbers its collectives the same way.
+Ranks stuck at the same SeqNum with different ops or sizes ran different collectives
+(``mismatched_collective``). Ranks stuck two or more SeqNums apart issued different numbers
+of collectives (``out_of_step``). One SeqNum apart is a rank simply behind (``late_ranks``)
+when the one ahead already completed the collective the other is stuck in: that collective
+ran on every rank, and the late rank stopped afterwards (a save, an evaluation, a hang); it
+is out of step when nothing says so.
 """
 
 from __future__ import annotations
@@ -15,6 +23,11 @@ from collections.abc import Iterable
 from nccl_triage.model import Event, Kind
 from nccl_triage.model.report import ASSUMED_ELEMENT_BYTES, UNSET_NUMEL, JobFacts
 
+# Collectives whose per-rank input sizes legitimately differ.
+_UNEVEN = ("ALLTOALL", "ALLTOALL_BASE", "GATHER", "SCATTER", "SEND", "RECV")
+# Signals that say a rank failed of its own accord, the kind of failure they stand for.
+_CRASHES = {"cuda_oom": "oom", "gpu_fault": "gpu", "python_exception": "exception"}
+
 
 def compute_facts(events: Iterable[Event]) -> JobFacts:
     """Compute the job facts from one input's (or one job's) events."""
@@ -23,12 +36,12 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     timed_out: set[int] = set()
     nranks: list[int] = []
     versions: set[str] = set()
-    by_pg_seq: dict[tuple[str | None, int], list[Event]] = defaultdict(list)
-    seqs_by_pg: dict[str | None, list[int]] = defaultdict(list)
+    groups: dict[str, list[Event]] = defaultdict(list)
     ops: list[str] = []
     failed: set[int] = set()
     child_root: Event | None = None
     worker_failures: list[Event] = []
+    crashes: list[Event] = []
     for ev in events:
         if ev.rank is not None:
             seen.add(ev.rank)
@@ -40,30 +53,19 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         if isinstance(v, str):
             versions.add(v.split("+")[0])
         if ev.kind == Kind.WATCHDOG_TIMEOUT:
-            facts.timeouts += 1
+            _count_timeout(facts, ev)
             if ev.rank is not None:
                 timed_out.add(ev.rank)
             if ev.op_type and ev.op_type not in ops:
                 ops.append(ev.op_type)
             if ev.seq is not None:
-                pg = ev.pg_guid if ev.pg_guid is not None else ev.pg
-                by_pg_seq[(pg, ev.seq)].append(ev)
-                seqs_by_pg[pg].append(ev.seq)
-            if ev.timeout_ms is not None:
-                facts.timeout_ms = min(facts.timeout_ms or ev.timeout_ms, ev.timeout_ms)
-            if ev.ran_for_ms is not None:
-                facts.ran_for_ms = max(facts.ran_for_ms or 0, ev.ran_for_ms)
-            for numel in (ev.numel_in, ev.numel_out):
-                if numel is not None and numel != UNSET_NUMEL:
-                    facts.max_numel = max(facts.max_numel or 0, numel)
-            if ev.rank is not None and ev.last_completed is not None:
-                facts.last_completed[ev.rank] = ev.last_completed
-            if ev.rank is not None and ev.seq is not None:
-                facts.last_seq[ev.rank] = max(ev.seq, facts.last_seq.get(ev.rank, ev.seq))
+                groups[_group_of(ev)].append(ev)
         elif ev.kind == Kind.CHILD_FAILED and ev.form == "root_cause":
             child_root = child_root or ev
         elif ev.kind == Kind.WORKER_FAILED and d.get("exit_code") is not None:
             worker_failures.append(ev)
+        elif ev.kind in _CRASHES:
+            crashes.append(ev)
         if ev.kind in (Kind.CHILD_FAILED, Kind.WORKER_FAILED) and ev.rank is not None:
             failed.add(ev.rank)
     facts.ranks_seen = sorted(seen)
@@ -77,52 +79,129 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         # Without NCCL's nranks the log may be an excerpt: only ranks it shows are named.
         universe = set(range(facts.world_size)) if facts.world_size else seen
         facts.ranks_not_timed_out = sorted(universe - timed_out)
-    all_seqs = [s for seqs in seqs_by_pg.values() for s in seqs]
+    _in_step(facts, groups)
+    if facts.max_numel is not None:
+        facts.max_bytes = facts.max_numel * ASSUMED_ELEMENT_BYTES
+    _first_failure(facts, child_root, worker_failures)
+    _first_crash(facts, crashes)
+    facts.culprit_ranks = _culprits(facts)
+    return facts
+
+
+def _count_timeout(facts: JobFacts, ev: Event) -> None:
+    facts.timeouts += 1
+    if ev.timeout_ms is not None:
+        facts.timeout_ms = min(facts.timeout_ms or ev.timeout_ms, ev.timeout_ms)
+    if ev.ran_for_ms is not None:
+        facts.ran_for_ms = max(facts.ran_for_ms or 0, ev.ran_for_ms)
+    for numel in (ev.numel_in, ev.numel_out):
+        if numel is not None and numel != UNSET_NUMEL:
+            facts.max_numel = max(facts.max_numel or 0, numel)
+    if ev.rank is not None and ev.last_completed is not None:
+        facts.last_completed[ev.rank] = ev.last_completed
+    if ev.rank is not None and ev.seq is not None:
+        facts.last_seq[ev.rank] = max(ev.seq, facts.last_seq.get(ev.rank, ev.seq))
+
+
+def _group_of(ev: Event) -> str:
+    """The process group a timeout belongs to; lines that name none share one group."""
+    if ev.pg_guid is not None:
+        return f"guid:{ev.pg_guid}"
+    if ev.pg is not None and ev.pg not in ("0", "default_pg"):
+        return f"pg:{ev.pg}"
+    return "default"
+
+
+def _in_step(facts: JobFacts, groups: dict[str, list[Event]]) -> None:
+    """Mismatched collectives at one SeqNum; ranks out of step, or simply late."""
+    all_seqs = [e.seq for evs in groups.values() for e in evs if e.seq is not None]
     if all_seqs:
         facts.min_seq, facts.max_seq = min(all_seqs), max(all_seqs)
-        # Only within a process group that the log names: SeqNums of different groups (or of
-        # lines that do not say their group) are not comparable.
-        spreads = [max(s) - min(s) for pg, s in seqs_by_pg.items() if pg is not None]
-        facts.seq_spread = max(spreads, default=0)
-    if len(facts.last_completed) >= 2:
-        low = min(facts.last_completed.values())
-        if low < max(facts.last_completed.values()):
-            facts.furthest_behind = sorted(r for r, c in facts.last_completed.items() if c == low)
-    by_seq: dict[int, list[tuple[str | None, Event]]] = defaultdict(list)
-    for (pg, seq), evs in by_pg_seq.items():
-        by_seq[seq].extend((pg, e) for e in evs)
-    for seq, members in sorted(by_seq.items()):
-        # A watchdog line alone does not name its process group: it may be compared with any.
-        named: set[str | None] = {pg for pg, _ in members if pg is not None}
-        for pg in named or {None}:
-            evs = [e for p, e in members if p is None or p == pg]
-            seq_ops = {e.op_type for e in evs if e.op_type is not None}
-            numels = {e.numel_in for e in evs if e.numel_in is not None}
-            if len(seq_ops) > 1 or len(numels) > 1:
+    late: set[int] = set()
+    for group, evs in groups.items():
+        by_seq: dict[int, list[Event]] = defaultdict(list)
+        for e in evs:
+            by_seq[e.seq or 0].append(e)
+        for seq, at in sorted(by_seq.items()):
+            disagreement = _disagreement(at)
+            if disagreement:
                 facts.mismatched_collective = True
                 facts.mismatch.append(
                     {
-                        "pg": pg,
+                        "pg": None if group == "default" else group.split(":", 1)[1],
                         "seq": seq,
-                        "ranks": {str(e.rank): f"{e.op_type}(NumelIn={e.numel_in})" for e in evs},
+                        "ranks": {
+                            str(e.rank): f"{e.op_type}(NumelIn={e.numel_in})"
+                            for e in at
+                            if e.rank is not None
+                        },
                     }
                 )
-                break
-    if facts.seq_spread > 0:
-        facts.mismatched_collective = True
-    if facts.max_numel is not None:
-        facts.max_bytes = facts.max_numel * ASSUMED_ELEMENT_BYTES
-    if child_root is not None:
-        facts.first_failure_rank = child_root.rank
-        code = child_root.detail.get("exit_code")
-        facts.first_failure_exit_code = code if isinstance(code, int) else None
-        sig = child_root.detail.get("signal")
-        facts.first_failure_signal = sig if isinstance(sig, str) else None
-    elif worker_failures:
-        first = worker_failures[0]
-        code = first.detail.get("exit_code")
-        facts.first_failure_rank = first.rank if first.rank is not None else first.local_rank
-        facts.first_failure_exit_code = code if isinstance(code, int) else None
-        sig = first.detail.get("signal")
-        facts.first_failure_signal = sig if isinstance(sig, str) else None
-    return facts
+        if len(by_seq) < 2:
+            continue
+        low, high = min(by_seq), max(by_seq)
+        facts.seq_spread = max(facts.seq_spread, high - low)
+        behind = sorted({e.rank for e in by_seq[low] if e.rank is not None})
+        facts.furthest_behind = sorted(set(facts.furthest_behind) | set(behind))
+        ahead_completed = [e.last_completed for e in by_seq[high] if e.last_completed is not None]
+        if high - low == 1 and ahead_completed and min(ahead_completed) >= low:
+            late.update(behind)  # the collective it is stuck in completed on the others
+        else:
+            facts.out_of_step = True
+    facts.late_ranks = sorted(late)
+    facts.desync = facts.mismatched_collective or facts.out_of_step
+
+
+def _disagreement(at: list[Event]) -> bool:
+    """Tell whether the ranks stuck at one SeqNum ran different collectives."""
+    ops = {e.op_type for e in at if e.op_type is not None}
+    if len(ops) > 1:
+        return True
+    if ops and next(iter(ops)).upper().startswith(_UNEVEN):
+        return False
+    numels = {e.numel_in for e in at if e.numel_in is not None and e.numel_in != UNSET_NUMEL}
+    return len(numels) > 1
+
+
+def _first_failure(facts: JobFacts, child_root: Event | None, failures: list[Event]) -> None:
+    """The first rank to die, as torchrun reports it (its ChildFailedError root cause)."""
+    first = child_root or (failures[0] if failures else None)
+    if first is None:
+        return
+    code = first.detail.get("exit_code")
+    sig = first.detail.get("signal")
+    facts.first_failure_rank = first.rank if first.rank is not None else first.local_rank
+    facts.first_failure_exit_code = code if isinstance(code, int) else None
+    facts.first_failure_signal = sig if isinstance(sig, str) else None
+
+
+def _first_crash(facts: JobFacts, crashes: list[Event]) -> None:
+    """The first rank that failed of its own accord: an exception, a fatal signal, an OOM."""
+    if not crashes:
+        return
+    first = min(crashes, key=lambda e: (e.ts is None, e.ts or 0.0, e.line))
+    facts.crashed_rank = first.rank
+    facts.crash_kind = _CRASHES.get(first.kind)
+    facts.crash_line = first.line
+    facts.crash_text = first.text[:300]
+
+
+def _culprits(facts: JobFacts) -> list[int]:
+    """Ranks most likely at fault, most likely first.
+
+    The rank that failed of its own accord, ranks shown but not timing out, ranks furthest
+    behind, torchrun's first failure.
+    """
+    order: list[int] = []
+    timed_out = set(facts.ranks_timed_out)
+    candidates = [
+        [facts.crashed_rank] if facts.crashed_rank is not None else [],
+        [r for r in facts.ranks_not_timed_out if r in set(facts.ranks_seen)],
+        facts.furthest_behind if facts.seq_spread else [],
+        [facts.first_failure_rank]
+        if facts.first_failure_rank is not None and facts.first_failure_rank not in timed_out
+        else [],
+    ]
+    for group in candidates:
+        order.extend(r for r in group if r is not None and r not in order)
+    return order

@@ -133,6 +133,18 @@ class ProcessTerminatedFields(TypedDict, total=False):
 class NcclErrorFields(TypedDict, total=False):
     """An NCCL error surfaced by PyTorch or another framework, or an aborted communicator."""
 
+    severity: str  # WARN and INFO lines: error | notice | info (error traces are errors)
+    error_class: str  # the ncclResult_t: ncclSystemError, ncclRemoteError, ...
+    reason: str  # what the line says went wrong
+    cuda_error: str  # the text of a "Cuda failure"
+    peer_address: str
+    peer_port: int
+    interface: str
+    device: str
+    source_file: str  # NCCL's source file and line that printed it
+    source_line: int
+    nccl_call: str  # the NCCL function named (ncclCommInitRank, a missing symbol)
+    signal: str  # a fatal signal inside NCCL's own functions
     aborted_rank: int
     errstr: str
     exception_type: str
@@ -146,6 +158,16 @@ class NcclErrorFields(TypedDict, total=False):
 class NcclLogFields(TypedDict, total=False):
     """A libnccl log line (``NCCL WARN`` / ``NCCL INFO``): init, versions, networks, errors."""
 
+    severity: str  # WARN and INFO lines: error | notice | info (error traces are errors)
+    error_class: str  # the ncclResult_t: ncclSystemError, ncclRemoteError, ...
+    reason: str  # what the line says went wrong
+    cuda_error: str  # the text of a "Cuda failure"
+    peer_address: str
+    peer_port: int
+    interface: str
+    device: str
+    source_file: str  # NCCL's source file and line that printed it
+    source_line: int
     bootstrap_interface: str
     cuda_dev: int
     env_name: str
@@ -169,8 +191,10 @@ class CudaErrorFields(TypedDict, total=False):
 
 
 class CollectiveMismatchFields(TypedDict, total=False):
-    """``TORCH_DISTRIBUTED_DEBUG=DETAIL``: ranks ran different collectives."""
+    """Ranks ran different collectives: PyTorch's fingerprint check, Horovod's checks."""
 
+    message: str
+    missing_ranks: str  # Horovod's stall inspector: ranks that never submitted
     exception_type: str
     fingerprint_a: str
     fingerprint_b: str

@@ -37,8 +37,16 @@ class JobFacts:
     last_completed: dict[int, int] = field(default_factory=dict)
     last_seq: dict[int, int] = field(default_factory=dict)  # per rank: the SeqNum it timed out in
     furthest_behind: list[int] = field(default_factory=list)
-    mismatched_collective: bool = False
+    mismatched_collective: bool = False  # same SeqNum, different op or size
     mismatch: list[dict[str, Any]] = field(default_factory=list)
+    out_of_step: bool = False  # ranks issued different numbers of collectives
+    late_ranks: list[int] = field(default_factory=list)  # one behind, the others completed it
+    desync: bool = False  # mismatched_collective or out_of_step
+    crashed_rank: int | None = None  # the first rank that failed of its own accord
+    crash_kind: str | None = None  # exception | oom | gpu
+    crash_line: int | None = None
+    crash_text: str | None = None
+    culprit_ranks: list[int] = field(default_factory=list)  # most likely at fault, first first
     timeout_ms: int | None = None
     ran_for_ms: int | None = None
     max_numel: int | None = None

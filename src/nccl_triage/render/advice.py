@@ -21,6 +21,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from nccl_triage.errors import TemplateError
 from nccl_triage.model import Event, Finding, JobFacts
+from nccl_triage.model.fields import KIND_FIELDS, fields_of
 
 
 def human_ms(value: Any) -> str:
@@ -137,9 +138,15 @@ def event_view(ev: Event) -> dict[str, Any]:
     Detail is flattened, and every core field is present (None when the line does not show
     it), so a template tests ``is not none`` instead of failing.
     """
-    view = {name: getattr(ev, name) for name in _CORE_FIELDS}
+    view: dict[str, Any] = dict.fromkeys(fields_of(ev.kind, ev.detail if _is_signal(ev) else None))
+    view.update({name: getattr(ev, name) for name in _CORE_FIELDS})
     view.update(ev.to_dict())
     return view
+
+
+def _is_signal(ev: Event) -> bool:
+    """Tell whether an event is a context signal (its kind is a signal id, not a grammar kind)."""
+    return ev.kind not in KIND_FIELDS and ev.kind != "watchdog_status"
 
 
 _CORE_FIELDS = tuple(
