@@ -81,4 +81,5 @@ def test_signal_patterns_without_anchors_or_ignoring_case_fire(tmp_path: Path) -
         "before timing out.\n"
     )
     report = triage_text(log, rules)
-    assert [s.kind for s in report.signals] == ["uploader"]
+    context = ("progress", "last_output")  # what the window around the failure adds
+    assert [s.kind for s in report.signals if s.kind not in context] == ["uploader"]

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
+from nccl_triage.diagnose.context import ContextClassifier
 from nccl_triage.diagnose.engine import correlate
 from nccl_triage.diagnose.facts import compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
@@ -27,7 +28,7 @@ from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
 from nccl_triage.model import Correlation, Event, Kind, Report, Unparsed, is_failure
 from nccl_triage.parse.dedupe import Deduper
-from nccl_triage.parse.lines import LineParser, peel_segments
+from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
 from nccl_triage.ruleset import Ruleset
 
 
@@ -50,6 +51,12 @@ def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
 
 
+# The window of lines read in full around each failure: the last few thousand lines before it
+# (bounded too by the scanner's history: a few MiB) and a few hundred after it.
+CONTEXT_BEFORE = 3000
+CONTEXT_AFTER = 300
+
+
 @dataclass
 class _Input:
     """What the pipeline keeps for one input (one file of a job, or the one stream)."""
@@ -57,9 +64,14 @@ class _Input:
     source: str
     scanner: Scanner
     parser: LineParser
-    signals: SignalClassifier
+    signals: SignalClassifier  # the candidate lines anywhere in the input (the long range)
+    context: ContextClassifier  # every line of the windows around failures
     rank_hint: int | None = None
     candidates: int = 0
+    windows: list[list[int]] = field(default_factory=list)  # [first, end) not yet read
+    read_to: int = 0  # lines up to here were given to the context classifier
+    read: list[tuple[int, int]] = field(default_factory=list)  # [first, end) ranges it read
+    failures_seen: int = 0  # of parser.failure_lines
 
 
 class Triage:
@@ -86,6 +98,7 @@ class Triage:
                 Scanner(self._anchors),
                 LineParser(name),
                 SignalClassifier(self.ruleset.signals),
+                ContextClassifier(self.ruleset.signals, ANCHOR_RE),
                 rank_hint,
             )
 
@@ -119,9 +132,9 @@ class Triage:
     def close(self, source: str | None = None) -> None:
         """End of an input."""
         inp = self._input(source)
-        self._take(inp, inp.scanner.close())
+        self._take(inp, inp.scanner.close(), final=True)
 
-    def _take(self, inp: _Input, cands: list[Candidate]) -> int:
+    def _take(self, inp: _Input, cands: list[Candidate], final: bool = False) -> int:
         for cand in cands:
             inp.candidates += 1
             lines = peel_segments(inp.source, cand)  # once, for the grammar and the signals
@@ -129,7 +142,42 @@ class Triage:
             if self.ruleset.signals:
                 for line in lines:
                     inp.signals.feed(line)
+        if self.ruleset.signals:
+            self._open_windows(inp)
+            self._read_windows(inp, final)
         return len(cands)
+
+    def _open_windows(self, inp: _Input) -> None:
+        """A window around each failure read since last time (overlapping ones merged)."""
+        failures = inp.parser.failure_lines
+        for line in failures[inp.failures_seen :]:
+            lo, hi = max(1, line - CONTEXT_BEFORE), line + CONTEXT_AFTER + 1
+            if inp.windows and lo <= inp.windows[-1][1]:
+                inp.windows[-1][1] = max(inp.windows[-1][1], hi)
+            else:
+                inp.windows.append([lo, hi])
+        inp.failures_seen = len(failures)
+
+    def _read_windows(self, inp: _Input, final: bool) -> None:
+        """Give the context classifier the lines of the windows that the history holds."""
+        history = inp.scanner.history
+        first, end = history.first_line, history.next_line
+        while inp.windows and first is not None and end is not None:
+            w = inp.windows[0]
+            lo, hi = max(w[0], inp.read_to + 1, first), min(w[1], end)
+            if lo < hi:
+                for lineno, raw in history.lines(lo, hi):
+                    for line in peel_raw(inp.source, lineno, raw):
+                        inp.context.feed(line)
+                inp.read_to = hi - 1
+                if inp.read and inp.read[-1][1] >= lo:
+                    inp.read[-1] = (inp.read[-1][0], hi)
+                else:
+                    inp.read.append((lo, hi))
+            if w[1] <= end or final:
+                inp.windows.pop(0)  # read to its end (or the input ended)
+            else:
+                break
 
     # -- state
 
@@ -184,13 +232,28 @@ class Triage:
         signals: list[Event] = []
         unparsed: list[Unparsed] = []
         for inp in inputs:
-            sigs = inp.signals.events
+            sigs = _signals_of(inp)
             signals.extend(_with_file_rank(sigs, inp) if len(inputs) > 1 else sigs)
             unparsed.extend(inp.parser.unparsed)
         ends = {i.source: i.scanner.lines for i in inputs}
         return build_report(
             self.source, self.ruleset, self.events(), signals, self.lines, unparsed, ends
         )
+
+
+def _signals_of(inp: _Input) -> list[Event]:
+    """The input's context events.
+
+    Those of the windows read in full, and the candidate lines' signals outside them (inside,
+    the windows' own reading has them).
+    """
+    ranges = inp.read
+
+    def inside(line: int) -> bool:
+        return any(lo <= line < hi for lo, hi in ranges)
+
+    outside = [e for e in inp.signals.events if not inside(e.line)]
+    return sorted([*outside, *inp.context.events()], key=lambda e: e.line)
 
 
 def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nccl_triage.model import Example, Rule
+from nccl_triage.diagnose.signals import SignalClassifier
+from nccl_triage.model import Example, LineExample, Rule, Signal
+from nccl_triage.parse.lines import peel_raw
 from nccl_triage.pipeline import triage_path, triage_text
 from nccl_triage.render.advice import render_advice
 from nccl_triage.ruleset import Ruleset
@@ -65,3 +67,46 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
 def run_examples(ruleset: Ruleset) -> list[ExampleResult]:
     """Run every example of every rule."""
     return [run_example(rule, ex, ruleset) for rule in ruleset.rules for ex in rule.examples]
+
+
+@dataclass
+class LineExampleResult:
+    """The outcome of one example line of a signal."""
+
+    signal: Signal
+    example: LineExample
+    passed: bool
+    matched: str | None  # the pattern that recognised the line, or None
+
+    @property
+    def id(self) -> str:
+        """``<signal-id>::<line>`` (the line cut short)."""
+        return f"{self.signal.id}::{self.example.line[:60]}"
+
+    @property
+    def message(self) -> str:
+        """What went wrong, for people."""
+        if self.passed:
+            return "ok"
+        if self.example.expect == "match":
+            return f"{self.signal.id} does not recognise: {self.example.line}"
+        return (
+            f"{self.signal.id} recognises (pattern {self.matched}) a near-miss: {self.example.line}"
+        )
+
+
+def run_line_example(signal: Signal, example: LineExample) -> LineExampleResult:
+    """Classify one example line with its signal alone and check the expectation."""
+    classifier = SignalClassifier([signal])
+    matched = None
+    for seg in peel_raw(example.source.source, example.source.line, example.line.encode()):
+        started = classifier.feed(seg)
+        if started:
+            matched = str(started[0].detail.get("pattern"))
+    passed = (matched is not None) == (example.expect == "match")
+    return LineExampleResult(signal, example, passed, matched)
+
+
+def run_line_examples(signals: list[Signal]) -> list[LineExampleResult]:
+    """Run every example line of every signal."""
+    return [run_line_example(sig, ex) for sig in signals for ex in sig.examples]

@@ -7,11 +7,16 @@ Input: a ruleset and the rules to test (or a folder of logs). Output: example re
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nccl_triage.authoring.examples import ExampleResult, run_example
+from nccl_triage.authoring.examples import (
+    ExampleResult,
+    LineExampleResult,
+    run_example,
+    run_line_examples,
+)
 from nccl_triage.authoring.lint import Selection, select
 from nccl_triage.errors import TriageError
 from nccl_triage.model import Rule
@@ -28,16 +33,17 @@ class ExampleRun:
     problems: list[str]  # rule files that do not load: nothing was run
     notices: list[str]
     selection: Selection | None = None
+    line_results: list[LineExampleResult] = field(default_factory=list)  # signals' lines
 
     @property
     def passed(self) -> int:
-        """How many examples passed."""
-        return sum(r.passed for r in self.results)
+        """How many examples passed (rules' logs and signals' lines)."""
+        return sum(r.passed for r in self.results) + sum(r.passed for r in self.line_results)
 
     @property
     def failed(self) -> int:
         """How many examples failed."""
-        return len(self.results) - self.passed
+        return len(self.results) + len(self.line_results) - self.passed
 
 
 def run_tests(
@@ -54,8 +60,13 @@ def run_tests(
     if problems:
         return ExampleRun([], problems, sel.ruleset.notices, sel)
     results = [_run(rule, ex, sel.ruleset) for rule in rules for ex in rule.examples]
+    signals = [s for s in sel.signals if not only or s.id in set(only)]
     return ExampleRun(
-        results, [], sel.ruleset.notices, Selection(sel.ruleset, [], sel.targets, rules)
+        results,
+        [],
+        sel.ruleset.notices,
+        Selection(sel.ruleset, [], sel.targets, rules),
+        run_line_examples(signals),
     )
 
 

@@ -170,6 +170,13 @@ def test(
             click.echo(f"      fired:    {', '.join(r.fired) or 'nothing'}")
             if r.reason:
                 click.echo(f"      {r.rule.id}: {r.reason}")
+        for lr in run.line_results:
+            if lr.passed:
+                if verbose:
+                    click.echo(f"ok    {lr.id}")
+                continue
+            click.echo(f"FAIL  {lr.id}  ({lr.example.source})")
+            click.echo(f"      {lr.message}")
         if corpus is not None and run.selection is not None and has_manifest(corpus):
             # labelled logs: accuracy, precision and recall per cause, confusions, misses
             try:

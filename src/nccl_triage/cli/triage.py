@@ -94,4 +94,21 @@ def _explain(correlation: Any) -> str:
     for exp in correlation.explanations:
         mark = "fired " if exp.fired else "silent"
         lines.append(f"  {mark} {exp.rule.id:<28} {exp.rule.cause:<38} {exp.reason}")
+        f = exp.finding
+        if f is None:
+            continue
+        lines.append(
+            f"         confidence {f.confidence:.2f} = prior {f.prior:.2f} x "
+            f"(0.55 + 0.45 x evidence {_strength(f):.2f})"
+        )
+        for ev, w in zip(f.evidence, f.weights, strict=True):
+            lines.append(
+                f"         line {ev.line} {ev.kind}: proximity {w.proximity:.2f}, timing "
+                f"{w.timing:.2f}, rank {w.rank:.2f}, running {w.running:.2f} -> {w.score:.2f}"
+            )
     return "\n".join(lines) + "\n"
+
+
+def _strength(finding: Any) -> float:
+    weights = finding.weights
+    return sum(w.score for w in weights) / len(weights) if weights else 1.0

@@ -27,6 +27,7 @@ from nccl_triage.model import (
     JobFacts,
     Kind,
     Rule,
+    Weight,
     is_failure,
 )
 from nccl_triage.model.fields import ANY_FAILURE
@@ -63,6 +64,9 @@ def correlate(
     return out
 
 
+MAX_TRIGGERS = 256  # triggers tried per rule (the events are deduplicated: a job has few)
+
+
 def _evaluate(
     rule: Rule, by_kind: dict[str, list[Event]], facts: dict[str, Any], ends: Mapping[str, int]
 ) -> tuple[Finding | None, str]:
@@ -78,57 +82,167 @@ def _evaluate(
             " matching " + _describe_all(rule.match.where) if rule.match.where else ""
         )
         return None, f"no {what} event"
+    culprits = set(facts.get("culprit_ranks") or ())
+    timed_out = set(facts.get("ranks_timed_out") or ())
+    best: Finding | None = None
     last_reason = ""
-    for trigger in triggers:
-        evidence: list[Event] = []
-        failed = ""
-        for i, clause in enumerate(rule.context):
-            hits = [
-                c for c in by_kind.get(clause.event, []) if _in_context(c, trigger, clause, ends)
-            ]
-            if clause.present and not hits:
-                failed = f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
-                break
-            if not clause.present and hits:
-                failed = f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"
-                break
-            if clause.present:
-                evidence.append(_episode_start(hits, trigger, clause))
-        if failed:
-            last_reason = failed
-            continue
-        confidence = rule.confidence - (0.05 if trigger.partial else 0.0)
-        specificity = (
-            sum(1 for c in rule.context if c.present)
-            + len(rule.match.where)
-            + len(rule.facts)
-            + sum(len(c.where) for c in rule.context)
-        )
-        finding = Finding(rule, trigger, evidence, round(max(confidence, 0.0), 2), specificity)
-        return finding, f"fired on line {trigger.line}"
-    return None, last_reason
+    for trigger in triggers[:MAX_TRIGGERS]:
+        finding, reason = _try(rule, trigger, by_kind, ends, culprits, timed_out)
+        if finding is None:
+            last_reason = reason
+        elif best is None or finding.confidence > best.confidence + 0.005:
+            best = finding  # (near ties go to the earlier failure: the first is the root)
+    if best is None:
+        return None, last_reason
+    return best, f"fired on line {best.trigger.line}"
+
+
+def _try(
+    rule: Rule,
+    trigger: Event,
+    by_kind: dict[str, list[Event]],
+    ends: Mapping[str, int],
+    culprits: set[int],
+    timed_out: set[int],
+) -> tuple[Finding | None, str]:
+    evidence: list[Event] = []
+    weights: list[Weight] = []
+    names: dict[str, int] = {}
+    for i, clause in enumerate(rule.context):
+        hits = [c for c in by_kind.get(clause.event, []) if _in_context(c, trigger, clause, ends)]
+        if clause.culprit:
+            hits = [c for c in hits if c.rank is None or c.rank in culprits]
+        if clause.running:
+            hits = [c for c in hits if _running(c, trigger) is not False]
+        if clause.present and not hits:
+            return None, f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
+        if not clause.present and hits:
+            return None, f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"
+        if clause.present:
+            scored = [(weigh(c, trigger, ends, culprits, timed_out), c) for c in hits]
+            # the strongest evidence; among near equals, one before the trigger, then the nearest
+            weight, hit = max(
+                scored,
+                key=lambda wc: (
+                    round(wc[0].score, 1),
+                    _before(wc[1], trigger),
+                    -_distance(wc[1], trigger),
+                ),
+            )
+            if clause.name:
+                names[clause.name] = len(evidence)
+            evidence.append(_episode_start(hits, hit, trigger, clause))
+            weights.append(weight)
+    strength = sum(w.score for w in weights) / len(weights) if weights else 1.0
+    prior = rule.confidence - (0.05 if trigger.partial else 0.0)
+    confidence = prior * (0.55 + 0.45 * strength)
+    specificity = (
+        sum(1 for c in rule.context if c.present)
+        + len(rule.match.where)
+        + len(rule.facts)
+        + sum(len(c.where) for c in rule.context)
+    )
+    finding = Finding(
+        rule,
+        trigger,
+        evidence,
+        round(max(confidence, 0.0), 3),
+        specificity,
+        names,
+        weights,
+        prior,
+    )
+    return finding, f"fired on line {trigger.line}"
 
 
 EPISODE_GAP_LINES = 500  # context lines closer than this to each other are one episode
 
 
-def _episode_start(hits: list[Event], trigger: Event, clause: Clause) -> Event:
-    """Pick the context event to quote.
+def _episode_start(hits: list[Event], best: Event, trigger: Event, clause: Clause) -> Event:
+    """Pick the context event to quote: the best one, or the start of its episode.
 
-    The nearest one, or for ``before`` clauses the start of the episode it belongs to (the
-    first line of a save that printed several): how long before the timeout it began is what
-    the advice needs.
+    For ``before`` clauses, the first line of the episode the best hit belongs to (the first
+    line of a save that printed several): how long before the timeout it began is what the
+    advice needs.
     """
-    same = sorted((c for c in hits if c.source == trigger.source), key=lambda c: c.line)
-    nearest = min(
-        hits, key=lambda c: abs(c.line - trigger.line) if c.source == trigger.source else 1 << 60
-    )
-    if clause.direction != Direction.BEFORE or nearest not in same:
-        return nearest
-    i = same.index(nearest)
+    if clause.direction != Direction.BEFORE or best.source != trigger.source:
+        return best
+    same = sorted((c for c in hits if c.source == best.source and c.kind == best.kind), key=_line)
+    i = same.index(best) if best in same else 0
     while i > 0 and same[i].line - same[i - 1].line <= EPISODE_GAP_LINES:
         i -= 1
-    return same[i]
+    return same[i] if same else best
+
+
+def _line(ev: Event) -> int:
+    return ev.line
+
+
+def _before(c: Event, trigger: Event) -> bool:
+    return c.source == trigger.source and c.line < trigger.line
+
+
+def _distance(c: Event, trigger: Event) -> int:
+    return abs(c.line - trigger.line) if c.source == trigger.source else 1 << 30
+
+
+def weigh(
+    c: Event, trigger: Event, ends: Mapping[str, int], culprits: set[int], timed_out: set[int]
+) -> Weight:
+    """How convincing a context event is as evidence for a trigger (see :class:`Weight`)."""
+    if c.source == trigger.source:
+        gap = trigger.line - _end_line(c)
+        # a cause comes before its effects: a line after the trigger counts twice as far
+        proximity = 1 / (1 + (gap if gap >= 0 else -2 * gap) / 400)
+    elif c.ts is not None and trigger.ts is not None:
+        proximity = 1 / (1 + abs(trigger.ts - c.ts) / 900)
+    elif c.source in ends and trigger.source in ends:
+        gap = (ends[trigger.source] - trigger.line) - (ends[c.source] - _end_line(c))
+        proximity = 1 / (1 + abs(gap) / 400)
+    else:
+        proximity = 0.3
+    entered = _entered(trigger)
+    began_before = None if entered is None or c.ts is None else c.ts <= entered + 120
+    timing = 0.7 if began_before is None else 1.0 if began_before else 0.6
+    if c.rank is None:
+        rank = 0.7
+    elif c.rank in culprits:
+        rank = 1.0
+    elif c.rank in timed_out:
+        rank = 0.4
+    else:
+        rank = 0.6
+    state = _running(c, trigger)
+    running = 1.0 if state else 0.7 if state is None else 0.5
+    return Weight(round(proximity, 3), timing, rank, running)
+
+
+def _end_line(ev: Event) -> int:
+    """The last line of a context event (a run of lines ends later than it starts)."""
+    last = ev.detail.get("last_line")
+    return last if isinstance(last, int) else ev.line
+
+
+def _entered(trigger: Event) -> float | None:
+    """When the trigger's rank entered the collective (its fire time minus the time waited)."""
+    if trigger.ts is None or trigger.ran_for_ms is None:
+        return None
+    return trigger.ts - trigger.ran_for_ms / 1000
+
+
+def _running(c: Event, trigger: Event) -> bool | None:
+    """Whether a context event was still going on when the trigger fired (None: unknown).
+
+    A progress bar short of its total is still running; any event that began after the
+    collective was entered, or whose last line came long before the trigger, is not.
+    """
+    finished = c.detail.get("finished")
+    if finished is not None:
+        return not finished
+    entered = _entered(trigger)
+    if entered is not None and c.ts is not None and c.ts > entered + 120:
+        return False
+    return None
 
 
 def _in_context(c: Event, trigger: Event, clause: Clause, ends: Mapping[str, int]) -> bool:

@@ -68,6 +68,12 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
             crashes.append(ev)
         if ev.kind in (Kind.CHILD_FAILED, Kind.WORKER_FAILED) and ev.rank is not None:
             failed.add(ev.rank)
+    if len(groups) > 1 and "default" in groups:
+        # A watchdog line alone does not name its process group: compare it with each group
+        # the log does name (the status lines that would have named it may be cut off).
+        unnamed = groups.pop("default")
+        for evs in groups.values():
+            evs.extend(unnamed)
     facts.ranks_seen = sorted(seen)
     facts.ranks_timed_out = sorted(timed_out)
     facts.op_types = ops

@@ -25,12 +25,14 @@ from nccl_triage.model.rules import (
     Direction,
     Example,
     Finding,
+    LineExample,
     Location,
     Operator,
     Pattern,
     Rule,
     Severity,
     Signal,
+    Weight,
 )
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "JobFacts",
     "Kind",
     "Line",
+    "LineExample",
     "Location",
     "Occurrence",
     "Operator",
@@ -59,5 +62,6 @@ __all__ = [
     "Severity",
     "Signal",
     "Unparsed",
+    "Weight",
     "is_failure",
 ]

@@ -46,6 +46,16 @@ class Pattern:
 
 
 @dataclass(frozen=True, slots=True)
+class LineExample:
+    """A real line a signal must recognise (``match``), or a near-miss it must not."""
+
+    line: str
+    expect: str  # match | no-match
+    source: Location
+    origin: str | None = None  # where the line was seen (a thread's URL)
+
+
+@dataclass(frozen=True, slots=True)
 class Signal:
     """A named family of context patterns (``rules/signals/*.yaml``)."""
 
@@ -55,6 +65,7 @@ class Signal:
     ignore_case: bool
     source: Location
     exclude: tuple[str, ...] = ()  # near-misses: a line matching one is not this signal
+    examples: tuple[LineExample, ...] = ()
 
 
 class Operator(StrEnum):
@@ -101,6 +112,9 @@ class Clause:
     present: bool = True
     same_rank: bool = False
     other_rank: bool = False
+    name: str | None = None  # templates refer to the evidence by it (``evidence.save``)
+    culprit: bool = False  # the event must be on a culprit rank (or on a rank the line hides)
+    running: bool = False  # it began before the collective was entered and had not ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +148,21 @@ class Rule:
     owner: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Weight:
+    """How convincing one piece of evidence is, feature by feature (each 0..1)."""
+
+    proximity: float  # how near the trigger it is, in lines or seconds
+    timing: float  # it began before the collective was entered (and was still running)
+    rank: float  # it is on a rank that did not time out, or failed first
+    running: float  # a loop still unfinished when the watchdog fired
+
+    @property
+    def score(self) -> float:
+        """The evidence's strength: the mean of its features."""
+        return round((self.proximity + self.timing + self.rank + self.running) / 4, 3)
+
+
 @dataclass(slots=True)
 class Finding:
     """A rule that fired: its trigger and the context events that made it fire."""
@@ -143,3 +172,6 @@ class Finding:
     evidence: list[Event]
     confidence: float
     specificity: int
+    names: dict[str, int] = dataclasses.field(default_factory=dict)  # clause name -> index
+    weights: list[Weight] = dataclasses.field(default_factory=list)  # one per evidence event
+    prior: float = 0.0  # the rule's own confidence, before the evidence is weighed

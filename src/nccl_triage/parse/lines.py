@@ -14,7 +14,7 @@ from typing import Any
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import segments
 from nccl_triage.ingest.scan import Candidate
-from nccl_triage.model import Detail, Event, Kind, Line, Unparsed
+from nccl_triage.model import Detail, Event, Kind, Line, Unparsed, is_failure
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.eras import era_of
@@ -31,7 +31,7 @@ _STRONG_START = re.compile(
     r"|[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |\[?\d{4}-\d\d-\d\d|frame #|Exception raised from|terminate called"
     r"|Traceback|File \"|[\w.-]+:\d+:\d+ \[\d+\]|\(\w+ pid=|[\w.]+(?:Error|Exception):|\[\d+\] |=====|-----)"
 )
-_ANCHOR_RE = re.compile(
+ANCHOR_RE = re.compile(
     "|".join(
         [re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)]
         + [f"(?:{r})" for r in REGEX_ANCHORS]
@@ -52,6 +52,7 @@ class LineParser:
         self.dedupe = Deduper()
         self.unparsed: list[Unparsed] = []
         self.candidates = 0
+        self.failure_lines: list[int] = []  # lines of the failures read, in the order read
 
     def feed(self, cand: Candidate, lines: Sequence[Line] | None = None) -> None:
         """Parse one candidate line (joined with its neighbours when a message was wrapped).
@@ -65,7 +66,7 @@ class LineParser:
         if lines is None:
             lines = peel_segments(self.source, cand)
         for i, line in enumerate(lines):
-            if not _ANCHOR_RE.search(line.text):
+            if not ANCHOR_RE.search(line.text):
                 continue
             self._feed_segment(cand, line, first=i == 0, last=i == len(lines) - 1)
 
@@ -119,7 +120,10 @@ class LineParser:
             if frame is None:
                 return  # a crash of some other code: context for the diagnosis, not an event
             fields = {**fields, "kind": Kind.NCCL_ERROR, "nccl_call": frame[1]}
-        self.dedupe.add(make_event(start_line, fields, self._joined_text(start_line, after, used)))
+        ev = make_event(start_line, fields, self._joined_text(start_line, after, used))
+        if is_failure(ev):
+            self.failure_lines.append(ev.line)
+        self.dedupe.add(ev)
 
     def _joined_text(self, line: Line, after: list[str], used: int) -> str:
         if not used:
@@ -186,7 +190,12 @@ class LineParser:
 
 def peel_segments(source: str, cand: Candidate) -> list[Line]:
     """The segments of a candidate line (parts between carriage returns), peeled."""
-    return [peel(Line(source, cand.lineno, seg)) for seg in segments(cand.raw)]
+    return peel_raw(source, cand.lineno, cand.raw)
+
+
+def peel_raw(source: str, lineno: int, raw: bytes) -> list[Line]:
+    """The segments of a physical line (parts between carriage returns), peeled."""
+    return [peel(Line(source, lineno, seg)) for seg in segments(raw)]
 
 
 def _continues_previous(cand: Candidate, text: str, line: Line, parsed: bool) -> bool:

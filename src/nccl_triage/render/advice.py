@@ -154,6 +154,19 @@ _CORE_FIELDS = tuple(
 )
 
 
+class EvidenceList(list[dict[str, Any]]):
+    """The evidence of a finding, in clause order, also by clause name (``evidence.save``)."""
+
+    def __init__(self, items: list[dict[str, Any]], names: dict[str, int]) -> None:
+        super().__init__(items)
+        self.names = names
+
+    def __getattr__(self, name: str) -> dict[str, Any]:
+        if name in self.names:
+            return self[self.names[name]]
+        raise AttributeError(name)
+
+
 def template_context(finding: Finding, facts: JobFacts) -> dict[str, Any]:
     """The variables a rule's advice template is given, and no others."""
     trigger = finding.trigger
@@ -176,7 +189,7 @@ def template_context(finding: Finding, facts: JobFacts) -> dict[str, Any]:
         },
         "finding": {"confidence": finding.confidence},
         "trigger": event_view(trigger),
-        "evidence": evidence,
+        "evidence": EvidenceList(evidence, finding.names),
         "facts": facts.to_dict(),
     }
 

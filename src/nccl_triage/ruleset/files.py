@@ -8,6 +8,7 @@ RE2 rejects (whose matching time is linear in the input whatever the pattern).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from nccl_triage.model import (
     Condition,
     Direction,
     Example,
+    LineExample,
     Location,
     Operator,
     Pattern,
@@ -33,6 +35,7 @@ from nccl_triage.ruleset.shapes import (
     EXAMPLE_KEYS,
     EXPECTS,
     FACT_NAMES,
+    LINE_EXAMPLE_KEYS,
     MATCH_KEYS,
     OPERATOR_TYPES,
     OPERATORS,
@@ -166,6 +169,7 @@ def load_signal(path: Path) -> tuple[Signal | None, list[str]]:
                 check.line_of(data, "exclude"),
                 f"exclude[{j}]: regex does not compile under RE2: {err}",
             )
+    examples = _line_examples(check, data.get("examples"), check.line_of(data, "examples"), path)
     if check.problems or sid is None:
         return None, check.problems
     return Signal(
@@ -175,7 +179,40 @@ def load_signal(path: Path) -> tuple[Signal | None, list[str]]:
         ignore_case,
         Location(str(path), data.line),
         tuple(exclude),
+        tuple(examples),
     ), []
+
+
+def _line_examples(check: _Checker, raw: Any, line: int, path: Path) -> list[LineExample]:
+    """A signal's example lines (``examples:``), each checked as the format says."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        check.add(line, "'examples' must be a list of {line, expect} mappings")
+        return []
+    out: list[LineExample] = []
+    for i, item in enumerate(raw):
+        what = f"examples[{i}]: "
+        if not isinstance(item, YamlMap):
+            check.add(check.line_of(raw), f"{what}must be a mapping with 'line' and 'expect'")
+            continue
+        check.keys(item, LINE_EXAMPLE_KEYS, what)
+        text = check.string(item, "line", what)
+        expect = item.get("expect")
+        if expect not in ("match", "no-match"):
+            check.add(check.line_of(item, "expect"), f"{what}'expect' must be match or no-match")
+            continue
+        origin = item.get("source")
+        if text is not None:
+            out.append(
+                LineExample(
+                    text,
+                    str(expect),
+                    Location(str(path), item.line),
+                    str(origin) if origin is not None else None,
+                )
+            )
+    return out
 
 
 def load_rule(path: Path) -> tuple[Rule | None, list[str]]:
@@ -291,13 +328,17 @@ def _clause(
             f"{what}direction '{direction}' (expected one of: {', '.join(DIRECTIONS)})",
         )
     flags = {}
-    for key in ("present", "same_rank", "other_rank"):
+    for key in ("present", "same_rank", "other_rank", "culprit", "running"):
         default = bool(shape.key(key).default)
         value = obj.get(key, default)
         if not isinstance(value, bool):
             check.add(check.line_of(obj, key), f"{what}'{key}' must be true or false")
             value = default
         flags[key] = value
+    name = obj.get("name")
+    if name is not None and not (isinstance(name, str) and re.fullmatch(r"[a-z][a-z0-9_]*", name)):
+        check.add(check.line_of(obj, "name"), f"{what}'name' must be a snake_case word")
+        name = None
     if event is None:
         return None
     return Clause(
@@ -309,6 +350,9 @@ def _clause(
         flags["present"],
         flags["same_rank"],
         flags["other_rank"],
+        name,
+        flags["culprit"],
+        flags["running"],
     )
 
 

@@ -166,6 +166,26 @@ SHAPES: dict[str, Shape] = {
                 Key("present", "flag", "false: the event must NOT be there", default=True),
                 Key("same_rank", "flag", "the event must be on the trigger's rank", default=False),
                 Key("other_rank", "flag", "the event must be on another rank", default=False),
+                Key(
+                    "name",
+                    "text",
+                    "what templates call this evidence (evidence.save)",
+                    pattern=r"^[a-z][a-z0-9_]*$",
+                ),
+                Key(
+                    "culprit",
+                    "flag",
+                    "the event must be on a culprit rank: one that did not time out, fell "
+                    "behind or failed first (or a line that does not say its rank)",
+                    default=False,
+                ),
+                Key(
+                    "running",
+                    "flag",
+                    "the event must have been going on when the collective was entered and "
+                    "not have ended before the watchdog fired (when the log can tell)",
+                    default=False,
+                ),
             ),
         ),
         Shape(
@@ -213,6 +233,20 @@ SHAPES: dict[str, Shape] = {
                     "RE2 regexes of near-misses: a line matching one is not this signal "
                     "(loading is not saving)",
                 ),
+                Key(
+                    "examples",
+                    "list:line_example",
+                    "real lines the signal must match, and near-misses it must not",
+                ),
+            ),
+        ),
+        Shape(
+            "line_example",
+            "A line a signal must (match) or must not (no-match) recognise.",
+            (
+                Key("line", "text", "the line, verbatim as a log shows it", required=True),
+                Key("expect", "choice", "recognised or not", True, ("match", "no-match")),
+                Key("source", "text", "where the line was seen (a thread's URL)"),
             ),
         ),
         Shape(
@@ -248,4 +282,5 @@ EXAMPLE_KEYS = SHAPES["example"].names
 EXPECTS = SHAPES["example"].key("expect").values
 SIGNAL_KEYS = SHAPES["signal"].names
 PATTERN_KEYS = SHAPES["pattern"].names
+LINE_EXAMPLE_KEYS = SHAPES["line_example"].names
 OPERATORS = tuple(o.value for o in Operator)

@@ -1,0 +1,105 @@
+"""Every line near a failure, read in full: context signals, progress, what each rank did last.
+
+Input: the peeled lines of the windows around failures (the pipeline hands them over in line
+order, each once), and the signal families of the ruleset. Output: events for the engine and
+the facts: signal events of every family (also the patterns too broad for the whole-log scan),
+``progress`` events (a bar or counter: its description, count, total, percentage, elapsed and
+remaining time, the activities its line names; a redrawn bar is one event holding its latest
+state), and one ``last_output`` event per rank: the last line it printed that is not a failure
+message, a traceback frame or a launcher line: what an engineer reads first by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from nccl_triage.diagnose.progress import Progress, parse_progress
+from nccl_triage.diagnose.signals import SignalClassifier
+from nccl_triage.model import Detail, Event, Line, PrefixKind, Signal
+
+PROGRESS = "progress"
+LAST_OUTPUT = "last_output"
+# Lines that are no rank's own output: tracebacks, C++ frames, separators, launcher chatter.
+_NOT_OUTPUT = re.compile(
+    r"^\s*(?:$|File \"|Traceback \(most recent|frame #\d|#\d+ |\d+\s+0x[0-9a-f]+ |-{4,}|={4,}"
+    r"|\^+$|\[\w+\]$|warnings\.warn|During handling of|The above exception|Exception raised from"
+    r"|terminate called|what\(\):|W\d{4} |E\d{4} |I\d{4} |\*{4,})"
+)
+
+
+class ContextClassifier:
+    """Reads the lines of one input's failure windows, in line order."""
+
+    def __init__(self, signals: Iterable[Signal], failure_text: re.Pattern[str]) -> None:
+        self._signals = SignalClassifier(signals)
+        self._failure_text = failure_text  # lines the grammar reads: failures, not output
+        self._progress: dict[tuple[int | None, str], Event] = {}
+        self._last: dict[int | None, Event] = {}
+
+    def feed(self, line: Line) -> None:
+        """Classify one line of a window."""
+        started = self._signals.feed(line)
+        text = line.message or line.text
+        lead = next((p.text for p in line.prefixes if p.kind == PrefixKind.LEAD), "")
+        bar = parse_progress(lead + text) if ("%" in text or "/" in text or lead) else None
+        if bar is not None:
+            self._note_progress(line, bar, [e.kind for e in started])
+        if not self._failure_text.search(text) and not _NOT_OUTPUT.match(text):
+            self._last[line.rank] = _event(
+                line, LAST_OUTPUT, {"signals": _ids(e.kind for e in started)}
+            )
+
+    def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
+        key = (line.rank, _bar_key(bar.desc))
+        old = self._progress.get(key)
+        first_line = old.line if old is not None else line.lineno
+        first_time = old.time if old is not None else line.time
+        detail: dict[str, str | int | None] = {
+            "desc": bar.desc,
+            "n": round(bar.n),
+            "total": round(bar.total) if bar.total is not None else None,
+            "percent": round(bar.percent) if bar.percent is not None else None,
+            "elapsed_s": round(bar.elapsed_s) if bar.elapsed_s is not None else None,
+            "remaining_s": round(bar.remaining_s) if bar.remaining_s is not None else None,
+            "rate": bar.rate,
+            "finished": int(bar.finished),
+            "bar_form": bar.form,
+            "activity": _ids(activities)
+            or (str(old.detail.get("activity") or "") if old is not None else ""),
+            "last_line": line.lineno,
+            "first_line": first_line,
+            "first_time": first_time,
+        }
+        ev = _event(line, PROGRESS, detail)
+        self._progress[key] = ev
+
+    def events(self) -> list[Event]:
+        """Signal, progress and last-output events, in line order."""
+        out = [*self._signals.events, *self._progress.values(), *self._last.values()]
+        return sorted(out, key=lambda e: e.line)
+
+
+def _event(line: Line, kind: str, detail: dict[str, str | int | None]) -> Event:
+    return Event(
+        kind=kind,
+        source=line.source,
+        line=line.lineno,
+        text=line.text.strip(),
+        rank=line.rank,
+        local_rank=line.local_rank,
+        host=line.host,
+        pid=line.pid,
+        time=line.time,
+        ts=line.ts,
+        detail=Detail(detail),
+    )
+
+
+def _ids(kinds: Iterable[str]) -> str:
+    return ",".join(dict.fromkeys(kinds))
+
+
+def _bar_key(desc: str) -> str:
+    """One key for the readings of one bar (a description without its changing numbers)."""
+    return re.sub(r"\d+", "#", desc)[:60]
