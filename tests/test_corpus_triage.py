@@ -26,11 +26,13 @@ MINED = Path(__file__).resolve().parent / "corpus"
 # Per folder, the ratchets: (verdicts right, clean logs diagnosed, failing logs called clean,
 # cause first, causes claimed where the lines show none). Raise them; never lower them.
 RATCHETS: dict[str, tuple[int, int, int, int, int]] = {
-    "shared": (115, 1, 0, 67, 0),
+    "shared": (116, 0, 0, 71, 0),
     "cleandesync": (33, 0, 0, 26, 0),
-    "context": (10, 0, 0, 2, 0),
-    "crash": (16, 0, 0, 10, 1),
+    "context": (10, 0, 0, 3, 0),
+    "crash": (16, 0, 0, 10, 0),
     "ncclerr": (31, 0, 0, 17, 0),
+    "validation-errors": (25, 0, 5, 13, 3),
+    "validation-timeouts": (26, 0, 0, 0, 0),
 }
 FOLDERS = {"shared": SHARED, **{p.name: p for p in sorted(MINED.iterdir()) if has_manifest(p)}}
 

@@ -31,12 +31,33 @@ from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
 from nccl_triage.ruleset import Ruleset
 
+# NCCL's own log lines: an error they report is the job's failure unless the job went on.
+_LIBRARY_LINES = frozenset({Kind.NCCL_WARN, Kind.NCCL_INFO})
+TRAINING_PROGRESS = "training_progress"  # the signal of the training loop reporting progress
 
-def verdict_of(events: Iterable[Event]) -> str:
-    """``nccl_timeout`` if a collective timed out, ``nccl_error`` for any other NCCL failure."""
+
+def verdict_of(events: Iterable[Event], context: Iterable[Event] = ()) -> str:
+    """``nccl_timeout`` if a collective timed out, ``nccl_error`` for any other NCCL failure.
+
+    An error that only NCCL's own log lines report (no timeout, no error raised by the
+    framework) is no failure of the job when the training loop reported progress after it,
+    in the same input: NCCL recovered (a retried connection, a helper thread's allocation).
+    """
     failures = [e for e in events if is_failure(e)]
     if any(e.kind == Kind.WATCHDOG_TIMEOUT for e in failures):
         return "nccl_timeout"
+    if failures and all(e.kind in _LIBRARY_LINES for e in failures):
+        last = {
+            src: max(e.line for e in failures if e.source == src)
+            for src in {e.source for e in failures}
+        }
+        went_on = [
+            c
+            for c in context
+            if c.kind == TRAINING_PROGRESS and c.line > last.get(c.source, 1 << 62)
+        ]
+        if len(went_on) >= 1 and sum(int(c.detail.get("count") or 1) for c in went_on) >= 2:
+            return "clean"
     return "nccl_error" if failures else "clean"
 
 
@@ -283,7 +304,7 @@ def build_report(
     """
     everything = sorted([*events, *signals], key=lambda e: (e.source, e.line))
     facts = compute_facts(everything)
-    verdict = verdict_of(events)
+    verdict = verdict_of(events, signals)
     correlation = Correlation()
     if verdict != "clean" and ruleset.rules:
         correlation = correlate(everything, facts, ruleset.rules, ends)

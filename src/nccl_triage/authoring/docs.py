@@ -61,6 +61,8 @@ def describe_condition(cond: Condition) -> str:
         return f"`{cond.field}` in ({shown})"
     if cond.op == "matches":
         return f"`{cond.field}` matches `{value}`"
+    if cond.op == "not_matches":
+        return f"`{cond.field}` does not match `{value}`"
     return f"`{cond.field}` {_OPS.get(cond.op, cond.op)} {value}"
 
 

@@ -17,9 +17,8 @@ from collections.abc import Iterable
 from nccl_triage.diagnose.progress import Progress, parse_progress
 from nccl_triage.diagnose.signals import SignalClassifier
 from nccl_triage.model import Detail, Event, Line, PrefixKind, Signal
+from nccl_triage.model.fields import LAST_OUTPUT, PROGRESS
 
-PROGRESS = "progress"
-LAST_OUTPUT = "last_output"
 # Lines that are no rank's own output: tracebacks, C++ frames, separators, launcher chatter.
 _NOT_OUTPUT = re.compile(
     r"^\s*(?:$|File \"|Traceback \(most recent|frame #\d|#\d+ |\d+\s+0x[0-9a-f]+ |-{4,}|={4,}"
@@ -53,8 +52,8 @@ class ContextClassifier:
     def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
         key = (line.rank, _bar_key(bar.desc))
         old = self._progress.get(key)
-        first_line = old.line if old is not None else line.lineno
-        first_time = old.time if old is not None else line.time
+        first_line = old.detail.get("first_line") if old is not None else line.lineno
+        first_time = old.detail.get("first_time") if old is not None else line.time
         detail: dict[str, str | int | None] = {
             "desc": bar.desc,
             "n": round(bar.n),

@@ -237,8 +237,16 @@ def _running(c: Event, trigger: Event) -> bool | None:
     collective was entered, or whose last line came long before the trigger, is not.
     """
     finished = c.detail.get("finished")
+    if finished:
+        return False
+    elapsed = c.detail.get("elapsed_s")
+    if isinstance(elapsed, int) and trigger.ran_for_ms is not None:
+        # A loop that kept busy one rank while the others waited went on through the wait: its
+        # bar had run at least about as long. One that had run for a fraction of it stopped
+        # when the collective did (every rank stuck), long before the watchdog fired.
+        return elapsed >= 0.5 * trigger.ran_for_ms / 1000
     if finished is not None:
-        return not finished
+        return True
     entered = _entered(trigger)
     if entered is not None and c.ts is not None and c.ts > entered + 120:
         return False
@@ -315,7 +323,7 @@ def holds(cond: Condition, value: Any) -> bool:
     if op == "exists":
         return (value is not None and value != [] and value != "") == bool(want)
     if value is None:
-        return op == "ne"
+        return op in ("ne", "not_matches")
     if op == "eq":
         return bool(value == want)
     if op == "ne":
@@ -324,6 +332,8 @@ def holds(cond: Condition, value: Any) -> bool:
         return value in want
     if op == "matches":
         return compile_regex(str(want)).search(str(value)) is not None
+    if op == "not_matches":
+        return compile_regex(str(want)).search(str(value)) is None
     if isinstance(value, list | tuple | dict):
         value = len(value)
     if not isinstance(value, int | float):

@@ -278,6 +278,35 @@ class EnvWarningFields(TypedDict, total=False):
     replacement: str
 
 
+class ProgressFields(TypedDict, total=False):
+    """A progress bar or a loop's counter in the lines around a failure (its latest state)."""
+
+    desc: str  # what the bar says it does ("Map", "Validation DataLoader 0", "" for none)
+    n: int
+    total: int
+    percent: int
+    elapsed_s: int
+    remaining_s: int
+    rate: str
+    finished: int  # 1 when it had reached its total
+    bar_form: str  # tqdm | percent | mmengine | done | counter
+    activity: str  # the signals its line matched (evaluation, data_preprocessing, ...)
+    first_line: int  # where this bar was first drawn
+    first_time: str
+    last_line: int
+
+
+class LastOutputFields(TypedDict, total=False):
+    """The last line a rank printed that is its own output (no failure message, no frame)."""
+
+    signals: str  # the signals that line matched
+
+
+PROGRESS = "progress"
+LAST_OUTPUT = "last_output"
+# Events of the lines read in full around failures (beside the signals of rules/signals/).
+CONTEXT_KINDS: Mapping[str, type] = {PROGRESS: ProgressFields, LAST_OUTPUT: LastOutputFields}
+
 KIND_FIELDS: Mapping[str, type] = {
     Kind.WATCHDOG_TIMEOUT: WatchdogTimeoutFields,
     Kind.DESYNC_REPORT: DesyncReportFields,
@@ -301,6 +330,7 @@ KIND_FIELDS: Mapping[str, type] = {
     Kind.RENDEZVOUS_ERROR: RendezvousErrorFields,
     Kind.GLOO_ERROR: GlooErrorFields,
     Kind.ENV_WARNING: EnvWarningFields,
+    **CONTEXT_KINDS,
 }
 
 # Every signal event: which pattern matched, and the run of lines it stands for.

@@ -79,6 +79,7 @@ class Operator(StrEnum):
     LT = "lt"
     LE = "le"
     MATCHES = "matches"  # an RE2 search
+    NOT_MATCHES = "not_matches"  # the RE2 search finds nothing (a missing field passes)
     EXISTS = "exists"  # true: the field is set; false: it is not
 
 

@@ -388,9 +388,9 @@ def _conditions(
                         f"{what}{fname}: unknown operator '{op}' (expected: {', '.join(OPERATORS)})",
                     )
                     continue
-                if op == "matches":
+                if op in ("matches", "not_matches"):
                     if not isinstance(value, str):
-                        check.add(fline, f"{what}{fname}: 'matches' takes a regex string")
+                        check.add(fline, f"{what}{fname}: '{op}' takes a regex string")
                         continue
                     err = compile_error(value)
                     if err:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nccl_triage.model import Direction, JobFacts, Kind, Operator, Severity
+from nccl_triage.model.fields import CONTEXT_KINDS
 
 # docs/causes.md: the only values a diagnosis's cause may take.
 CAUSES = (
@@ -91,9 +92,10 @@ OPERATOR_TYPES: dict[str, str] = {
     Operator.LT: "number",
     Operator.LE: "number",
     Operator.MATCHES: "regex",
+    Operator.NOT_MATCHES: "regex",
     Operator.EXISTS: "flag",
 }
-EVENT_KINDS = (*(k.value for k in Kind if k != Kind.WATCHDOG_STATUS), "failure")
+EVENT_KINDS = (*(k.value for k in Kind if k != Kind.WATCHDOG_STATUS), *CONTEXT_KINDS, "failure")
 FACT_NAMES = tuple(f.name for f in fields(JobFacts))
 
 _WINDOW_DOC = "how far from the trigger the event may be; both limits apply when both are given"
