@@ -529,3 +529,23 @@ def test_a_long_glued_line_parses_in_linear_time() -> None:
         parse_message(junk + " [Rank 0] Watchdog caught collective operation timeout: ")
     # quadratic searches took minutes here; linear ones take milliseconds
     assert time.perf_counter() - start < 20
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # WARNs carry the source location before the level; hosts may be printed without pid:tid
+        "gpu-node7 [5] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to send to 10.0.0.9<52905> failed : Connection reset by peer",
+        "[2025-11-24 11:20:21] gpu-node7 [5] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to send to 10.0.0.9<52905> failed : Connection reset by peer",
+        "2025-11-24T03:20:21.001125857Z gpu-node7 [5] misc/socket.cc:46 NCCL WARN socketProgressOpt: Call to send to 10.0.0.9<52905> failed : Connection reset by peer",
+    ],
+)
+def test_libnccl_warn_without_pid_and_tid(line: str) -> None:
+    events = parse_text(line + "\n").events
+    assert [e.kind for e in events] == ["nccl_warn"]
+    assert "Connection reset by peer" in (events[0].detail.get("reason") or "")
+
+
+def test_a_bracketed_number_in_a_report_is_not_an_nccl_origin() -> None:
+    text = "\t   - [3] joined but didn't finish collective #41207 (count from 1)\n"
+    assert [e.kind for e in parse_text(text).events] == ["desync_report"]

@@ -21,7 +21,7 @@ CASES = {
         7,
         ["30 min", "--ddp_timeout 3600", "local rank 0", "1.8 GiB"],
     ),
-    "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 4, ["30 min", "1, 2, 3"]),
+    "ddp-sft-safetensors-save-timeout.log": ("slow_checkpoint_save", 4, ["30 min", "1-3"]),
     "zero3-generate-inference-timeout.log": (
         "generate_zero3",
         8,

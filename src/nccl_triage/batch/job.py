@@ -24,7 +24,7 @@ from nccl_triage.batch.inputs import (
 )
 from nccl_triage.errors import InputError, TemplateError
 from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
-from nccl_triage.model import Event, Finding, Report
+from nccl_triage.model import Event, Report
 from nccl_triage.pipeline import Triage
 from nccl_triage.ruleset import Ruleset
 
@@ -115,7 +115,7 @@ def _result(
     errors: list[list[Any]],
     files_read: int,
 ) -> JobResult:
-    from nccl_triage.render.advice import render_advice
+    from nccl_triage.render.advice import advice_or_failure, render_advice
 
     index = {f.name: i for i, f in enumerate(job.files)}
     facts = report.facts
@@ -125,7 +125,7 @@ def _result(
         try:
             advice = render_advice(f, facts, ruleset.template_dirs)
         except TemplateError as exc:
-            advice = ""
+            advice = advice_or_failure(f, facts, ruleset.template_dirs)
             notes.append(f"advice not rendered: {exc}")
         evidence = sorted([*f.evidence, f.trigger], key=lambda e: (index.get(e.source, -1), e.line))
         diagnoses.append(
@@ -185,21 +185,8 @@ def _first_failure(report: Report) -> Event | None:
 
 
 def _culprit(report: Report) -> int | None:
-    """The rank most likely at fault: named by the top diagnosis's evidence, or by the facts."""
-    facts = report.facts
-    timed_out = set(facts.ranks_timed_out)
-    top: Finding | None = report.findings[0] if report.findings else None
-    if top is not None:
-        for ev in top.evidence:
-            if ev.rank is not None and ev.rank not in timed_out:
-                return ev.rank
-    if len(facts.ranks_not_timed_out) == 1:
-        return facts.ranks_not_timed_out[0]
-    if len(facts.furthest_behind) == 1:
-        return facts.furthest_behind[0]
-    if not timed_out and facts.first_failure_rank is not None:
-        return facts.first_failure_rank
-    return None
+    """The rank most likely at fault (:meth:`Report.culprit`)."""
+    return report.culprit()[0]
 
 
 def _host_of(events: Iterable[Event], rank: int | None) -> str | None:

@@ -85,6 +85,7 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         # Without NCCL's nranks the log may be an excerpt: only ranks it shows are named.
         universe = set(range(facts.world_size)) if facts.world_size else seen
         facts.ranks_not_timed_out = sorted(universe - timed_out)
+        facts.ranks_unseen = sorted(universe - timed_out - seen)
     _in_step(facts, groups)
     if facts.max_numel is not None:
         facts.max_bytes = facts.max_numel * ASSUMED_ELEMENT_BYTES

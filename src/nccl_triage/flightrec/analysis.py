@@ -48,9 +48,9 @@ from nccl_triage.flightrec.result import (
     GroupFinding,
     Side,
     describe,
-    format_ranks,
     user_frame,
 )
+from nccl_triage.model.ranks import format_ranks
 
 _EXACT_SEARCH_LIMIT = 40
 

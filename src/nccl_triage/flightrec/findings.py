@@ -18,8 +18,8 @@ from nccl_triage.flightrec.result import (
     GroupFinding,
     RankStatus,
     describe,
-    format_ranks,
 )
+from nccl_triage.model.ranks import format_ranks
 
 
 def find(group: Group, blocked: Mapping[int, tuple[str, int, bool]]) -> GroupFinding | None:

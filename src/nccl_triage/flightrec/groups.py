@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nccl_triage.flightrec.records import FrDump, FrRecord, PgConfig, RecordState
-from nccl_triage.flightrec.result import format_ranks
+from nccl_triage.model.ranks import format_ranks
 
 # Collectives whose per-rank sizes legitimately differ (splits, root-only buffers).
 _UNEVEN_INPUT = ("all_to_all", "scatter", "_v", "alltoall")

@@ -19,9 +19,9 @@ from nccl_triage.flightrec.result import (
     FrAnalysis,
     GroupFinding,
     RankStatus,
-    format_ranks,
     is_user_frame,
 )
+from nccl_triage.model.ranks import format_ranks
 
 _STACK_LINES = 12
 

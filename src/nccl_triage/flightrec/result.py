@@ -6,7 +6,6 @@ frozen dataclasses of an :class:`FrAnalysis`, their JSON form, and the user fram
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -275,23 +274,6 @@ def describe(record: FrRecord | None) -> str:
     sizes = "x".join(str(list(s)) for s in record.input_sizes) or "[]"
     dtypes = ",".join(sorted(set(record.input_dtypes))) or "-"
     return f"{record.op} {sizes} {dtypes}"
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """Write ranks compactly.
-
-    Args:
-        ranks: rank numbers, in any order.
-
-    Returns:
-        Runs joined by commas: ``0-3,6``.
-    """
-    values = sorted(set(ranks))
-    parts: list[str] = []
-    for _, run in itertools.groupby(enumerate(values), key=lambda item: item[1] - item[0]):
-        items = [v for _, v in run]
-        parts.append(str(items[0]) if len(items) == 1 else f"{items[0]}-{items[-1]}")
-    return ",".join(parts)
 
 
 def _frame_dict(frame: Frame) -> dict[str, Any]:

@@ -28,7 +28,8 @@ class JobFacts:
     world_size: int | None = None
     ranks_seen: list[int] = field(default_factory=list)
     ranks_timed_out: list[int] = field(default_factory=list)
-    ranks_not_timed_out: list[int] = field(default_factory=list)  # likely culprits
+    ranks_not_timed_out: list[int] = field(default_factory=list)
+    ranks_unseen: list[int] = field(default_factory=list)  # of those, never in the log at all
     timeouts: int = 0
     op_types: list[str] = field(default_factory=list)
     min_seq: int | None = None
@@ -105,3 +106,26 @@ class Report:
     lines: int = 0
     unparsed: list[Unparsed] = field(default_factory=list)
     correlation: Correlation | None = None
+
+    def culprit(self) -> tuple[int | None, Event | None]:
+        """The rank most likely at fault, and the line that shows it.
+
+        The top diagnosis's evidence names it when it can (a rank that did not time out: the
+        one saving, crashing, out of memory); else the facts do (the rank that failed of its
+        own accord, a rank the log shows not timing out, the furthest behind). A rank the log
+        never shows is never a culprit: nothing says what it did.
+        """
+        timed_out = set(self.facts.ranks_timed_out)
+        top = self.findings[0] if self.findings else None
+        line = top.evidence[0] if top and top.evidence else None
+        if top is not None:
+            for ev in top.evidence:
+                if ev.rank is not None and ev.rank not in timed_out:
+                    return ev.rank, ev
+        if self.facts.crashed_rank is not None:
+            return self.facts.crashed_rank, line
+        if len(self.facts.culprit_ranks) == 1:  # several: the log does not single one out
+            return self.facts.culprit_ranks[0], line
+        if not timed_out and self.facts.first_failure_rank is not None:
+            return self.facts.first_failure_rank, line
+        return None, line

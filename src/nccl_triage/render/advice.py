@@ -1,27 +1,26 @@
 """Advice: a finding's Jinja template rendered in a bounded sandbox.
 
 Input: a :class:`~nccl_triage.model.Finding`, the job facts and the template directories.
-Output: the advice as Markdown. Templates come from other teams: they render in Jinja's
-:class:`SandboxedEnvironment` with ``StrictUndefined`` (a misspelt variable is an error, not an
-empty string), with bounds on loops and values, and see only ``rule``, ``finding``,
-``trigger``, ``evidence`` and ``facts``.
+Output: the advice as Markdown. Templates come from other teams: they render in the bounded
+sandbox of :mod:`nccl_triage.render.sandbox` with ``StrictUndefined`` (a misspelt variable is an
+error, not an empty string), and see only ``rule``, ``finding``, ``trigger``, ``evidence`` and
+``facts``. A template that fails costs only its own advice (:func:`advice_or_failure`).
 """
 
 from __future__ import annotations
 
-import threading
+import traceback
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import SandboxedEnvironment
 
 from nccl_triage.errors import TemplateError
 from nccl_triage.model import Event, Finding, JobFacts
 from nccl_triage.model.fields import KIND_FIELDS, fields_of
+from nccl_triage.model.ranks import format_ranks
+from nccl_triage.render.sandbox import BoundedSandbox, environment, render_bounded, start_budget
 
 
 def human_ms(value: Any) -> str:
@@ -66,70 +65,18 @@ def human_number(value: Any) -> str:
     return "?" if value is None else f"{int(value):,}"
 
 
-# A sandboxed template cannot escape, but it could still spin or fill memory: loops draw from
-# one budget of iterations per render, and operators that build huge values are refused.
-MAX_ITERATIONS = 100_000
-MAX_VALUE_SIZE = 1_000_000
-_budget = threading.local()
+_FILTERS = (
+    ("ms", human_ms),
+    ("seconds", human_seconds),
+    ("bytes", human_bytes),
+    ("num", human_number),
+    ("round_up", round_up),
+    ("ranks", format_ranks),
+)
 
 
-def _budgeted_range(*args: int) -> range:
-    r = range(*args)
-    left = getattr(_budget, "left", MAX_ITERATIONS) - len(r)
-    if left < 0:
-        raise SecurityError(f"template loops exceed {MAX_ITERATIONS} iterations")
-    _budget.left = left
-    return r
-
-
-class _BoundedSandbox(SandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**", "+"})
-
-    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        for value in (*args, *kwargs.values()):
-            if (
-                isinstance(value, int)
-                and not isinstance(value, bool)
-                and abs(value) > MAX_VALUE_SIZE
-            ):
-                raise SecurityError("template argument too large")
-        result = super().call(context, obj, *args, **kwargs)
-        if isinstance(result, str | list | tuple) and len(result) > MAX_VALUE_SIZE:
-            raise SecurityError("template value too large")
-        return result
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, int) and abs(right) > 64:
-            raise SecurityError("template exponent too large")
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, str | list | tuple)
-                    and isinstance(n, int)
-                    and len(seq) * n > MAX_VALUE_SIZE
-                ):
-                    raise SecurityError("template value too large")
-        result = super().call_binop(context, operator, left, right)
-        if isinstance(result, str | list | tuple) and len(result) > MAX_VALUE_SIZE:
-            raise SecurityError("template value too large")
-        return result
-
-
-@cache
-def _environment(dirs: tuple[Path, ...]) -> SandboxedEnvironment:
-    env = _BoundedSandbox(
-        loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=False,
-    )
-    env.globals["range"] = _budgeted_range
-    env.filters.update(
-        ms=human_ms, seconds=human_seconds, bytes=human_bytes, num=human_number, round_up=round_up
-    )
-    return env
+def _environment(dirs: tuple[Path, ...]) -> BoundedSandbox:
+    return environment(dirs, _FILTERS)
 
 
 def event_view(ev: Event) -> dict[str, Any]:
@@ -198,15 +145,17 @@ def render_advice(finding: Finding, facts: JobFacts, template_dirs: Sequence[Pat
     """Render a finding's advice from its rule's template.
 
     Raises:
-        TemplateError: the template is missing, broken, uses an unknown variable, or tries to
-            reach outside the sandbox.
+        TemplateError: the template is missing, broken, uses an unknown variable, tries to
+            reach outside the sandbox or breaks one of its bounds; its location is the
+            template's ``file:line`` where that is known.
     """
     env = _environment(tuple(template_dirs))
     name = finding.rule.advice
+    template: jinja2.Template | None = None
     try:
+        start_budget()
         template = env.get_template(name)
-        _budget.left = MAX_ITERATIONS
-        text = template.render(**template_context(finding, facts))
+        text = render_bounded(template, template_context(finding, facts))
     except jinja2.TemplateNotFound:
         raise TemplateError(
             str(finding.rule.source), f"advice template '{name}' not found"
@@ -216,9 +165,59 @@ def render_advice(finding: Finding, facts: JobFacts, template_dirs: Sequence[Pat
             f"{exc.filename or name}:{exc.lineno}", f"template error: {exc.message}"
         ) from None
     except jinja2.exceptions.SecurityError as exc:
-        raise TemplateError(name, f"template refused by the sandbox: {exc}") from None
+        raise TemplateError(_where(template, name, exc), f"refused by the sandbox: {exc}") from None
     except jinja2.UndefinedError as exc:
-        raise TemplateError(name, f"template uses an undefined value: {exc.message}") from None
+        raise TemplateError(
+            _where(template, name, exc), f"template uses an undefined value: {exc.message}"
+        ) from None
+    except RecursionError:
+        raise TemplateError(name, "template recursion too deep") from None
     except Exception as exc:  # noqa: BLE001 - a contributed template may fail in any way
-        raise TemplateError(name, f"template failed: {type(exc).__name__}: {exc}") from None
+        raise TemplateError(
+            _where(template, name, exc), f"template failed: {type(exc).__name__}: {exc}"
+        ) from None
     return text.strip() + "\n"
+
+
+def _where(template: jinja2.Template | None, name: str, exc: BaseException) -> str:
+    """``file:line`` of the template line a render failed on (Jinja maps its frames back)."""
+    if template is None or not template.filename:
+        return name
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == template.filename:
+            line = lineno
+    return f"{template.filename}:{line}" if line else template.filename
+
+
+def advice_or_failure(finding: Finding, facts: JobFacts, template_dirs: Sequence[Path]) -> str:
+    """The advice, or, when its template fails, why and what the template may use.
+
+    A contributed template that fails costs only its own advice: the diagnosis, its evidence
+    and the other findings still print.
+    """
+    try:
+        return render_advice(finding, facts, template_dirs)
+    except TemplateError as exc:
+        return f"Advice not rendered: {exc}\nThe template may use: {available_fields(finding, facts)}\n"
+
+
+def available_fields(finding: Finding, facts: JobFacts) -> str:
+    """The variables a finding's template is given, as one line."""
+    ctx = template_context(finding, facts)
+
+    def names(d: dict[str, Any]) -> str:
+        return "{" + ", ".join(sorted(d)) + "}"
+
+    parts = [
+        "rule." + names(ctx["rule"]),
+        "finding." + names(ctx["finding"]),
+        "trigger." + names(ctx["trigger"]),
+    ]
+    evidence = ctx["evidence"]
+    if evidence.names:
+        parts.append("evidence." + names(dict.fromkeys(evidence.names)))
+    if evidence:
+        parts.append("evidence[i]." + names(evidence[0]))
+    parts.append("facts." + names(ctx["facts"]))
+    return "; ".join(parts)

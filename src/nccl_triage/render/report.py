@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from nccl_triage.model import SCHEMA, Event, Finding, Kind, Report
-from nccl_triage.render.advice import render_advice
+from nccl_triage.model.ranks import format_ranks
+from nccl_triage.render.advice import advice_or_failure
+from nccl_triage.render.text import clip
 
 # ----------------------------------------------------------------------------- formats
 
@@ -29,7 +31,7 @@ def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]
                 "confidence": f.confidence,
                 "title": f.rule.title,
                 "evidence": evidence,
-                "advice": render_advice(f, report.facts, template_dirs),
+                "advice": advice_or_failure(f, report.facts, template_dirs),
                 "references": list(f.rule.references),
             }
         )
@@ -70,11 +72,10 @@ def render_text(report: Report, template_dirs: Sequence[Path], color: bool = Fal
         return f"\x1b[{code}m{text}\x1b[0m" if color else text
 
     lines: list[str] = []
-    head = f"{report.source}: {report.verdict}"
     if report.verdict == "clean":
-        lines.append(paint(head, "32") + f" (no NCCL failure in {report.lines} lines)")
+        lines.append(paint(headline(report), "32"))
         return "\n".join(lines) + "\n"
-    lines.append(paint(head, "1"))
+    lines.append(paint(headline(report), "1"))
     lines.append(_summary_line(report))
     for i, f in enumerate(report.findings, 1):
         sev = f.rule.severity.value
@@ -85,26 +86,56 @@ def render_text(report: Report, template_dirs: Sequence[Path], color: bool = Fal
         )
         for ev in _evidence_events(f):
             rank = "" if ev.rank is None else f" rank {ev.rank}"
-            text = ev.text if len(ev.text) <= 220 else ev.text[:217] + "..."
+            text = clip(ev.text)
             lines.append(
                 paint(f"   {report.source}:{ev.line}{rank}: ", _COLORS.get(sev, "0")) + text
             )
         lines.append("")
-        advice = render_advice(f, report.facts, template_dirs)
+        advice = advice_or_failure(f, report.facts, template_dirs)
         lines.extend("   " + a if a else "" for a in advice.rstrip().splitlines())
     return "\n".join(lines) + "\n"
+
+
+def headline(report: Report) -> str:
+    """The first line: the input, the verdict and, when the log shows one, the likely cause.
+
+    ``job.log: nccl_timeout, likely cause oom_hidden on rank 2 (line 10)``.
+    """
+    head = f"{report.source}: {report.verdict}"
+    if report.verdict == "clean":
+        return f"{head} (no NCCL failure in {report.lines} lines)"
+    top = report.findings[0] if report.findings else None
+    rank, shown = report.culprit()
+    if top is None or top.rule.cause == "unknown":
+        first = shown or (top.trigger if top else _first_failure(report))
+        where = f" (first failure at line {first.line})" if first else ""
+        return f"{head}, cause unknown{where}"
+    on = f" on rank {rank}" if rank is not None else ""
+    line = (shown or top.trigger).line
+    return f"{head}, likely cause {top.rule.cause}{on} (line {line})"
+
+
+def _first_failure(report: Report) -> Event | None:
+    from nccl_triage.model import is_failure
+
+    return next((e for e in report.events if is_failure(e)), None)
 
 
 def _summary_line(report: Report) -> str:
     facts = report.facts
     parts = []
+    if facts.culprit_ranks:
+        parts.append(f"likely culprit(s): {format_ranks(facts.culprit_ranks)}")
     if facts.timeouts:
         ops = ", ".join(facts.op_types) or "?"
         parts.append(f"{facts.timeouts} timeout(s) in {ops}")
         if facts.ranks_timed_out:
-            parts.append(f"ranks timed out: {_ranks(facts.ranks_timed_out)}")
-        if facts.ranks_not_timed_out:
-            parts.append(f"did not: {_ranks(facts.ranks_not_timed_out)}")
+            parts.append(f"ranks timed out: {format_ranks(facts.ranks_timed_out)}")
+        shown = [r for r in facts.ranks_not_timed_out if r not in set(facts.ranks_unseen)]
+        if shown:
+            parts.append(f"did not: {format_ranks(shown)}")
+        if facts.ranks_unseen:
+            parts.append(f"not in the log: {format_ranks(facts.ranks_unseen)}")
     if facts.world_size:
         parts.append(f"world size {facts.world_size}")
     if facts.first_failure_rank is not None:
@@ -114,13 +145,9 @@ def _summary_line(report: Report) -> str:
     return "   " + "; ".join(parts) if parts else ""
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    return ",".join(str(r) for r in ranks)
-
-
 def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
     """A report to paste into an issue."""
-    out = [f"### nccl-triage: `{report.source}` — {report.verdict}", ""]
+    out = [f"### nccl-triage: `{headline(report)}`", ""]
     if report.verdict == "clean":
         out.append(f"No NCCL failure in {report.lines} lines.")
         return "\n".join(out) + "\n"
@@ -138,7 +165,7 @@ def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
             out.append(f"{ev.line}{rank}: {ev.text}")
         out.append("```")
         out.append("")
-        out.append(render_advice(f, report.facts, template_dirs).rstrip())
+        out.append(advice_or_failure(f, report.facts, template_dirs).rstrip())
         if f.rule.references:
             out.append("")
             out.append("References: " + ", ".join(f.rule.references))
