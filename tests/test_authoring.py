@@ -321,6 +321,22 @@ def test_file_examples_are_relative_to_the_rule_file(tmp_path: Path) -> None:
     assert run.results[0].example.file == str(d / "logs" / "stall.log")
 
 
+def test_match_examples_pin_the_lines_the_finding_quotes(tmp_path: Path) -> None:
+    pinned = RULE.replace(
+        "    expect: match\n", "    expect: match\n    evidence: 'upload stalled for 612 s'\n", 1
+    )
+    run = authoring.run_tests([team(tmp_path / "a", **{"s3-upload-stall.yaml": pinned})])
+    assert (run.passed, run.failed) == (2, 0)
+    wrong = RULE.replace(
+        "    expect: match\n", "    expect: match\n    evidence: 'upload finished'\n", 1
+    )
+    run = authoring.run_tests([team(tmp_path / "b", **{"s3-upload-stall.yaml": wrong})])
+    assert run.failed == 1
+    assert "does not quote 'upload finished'" in next(
+        r.message for r in run.results if not r.passed
+    )
+
+
 def test_corpus_shows_where_each_rule_fires(tmp_path: Path) -> None:
     d = team(tmp_path)
     corpus = tmp_path / "corpus"

@@ -31,9 +31,9 @@ RATCHETS: dict[str, tuple[int, int, int, int, int]] = {
     "context": (10, 0, 0, 3, 0),
     "crash": (16, 0, 0, 10, 0),
     "ncclerr": (31, 0, 0, 17, 0),
-    "fatal": (6, 0, 10, 5, 1),
+    "fatal": (14, 0, 2, 7, 0),
     "store": (8, 0, 10, 2, 1),
-    "validation-errors": (26, 0, 4, 14, 3),
+    "validation-errors": (29, 0, 1, 14, 3),
     "validation-timeouts": (26, 0, 0, 0, 0),
 }
 FOLDERS = {"shared": SHARED, **{p.name: p for p in sorted(MINED.iterdir()) if has_manifest(p)}}

@@ -56,6 +56,14 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
             )
             assert finding is not None
             advice = render_advice(finding, report.facts, ruleset.template_dirs)
+            quoted = [ev.text for ev in (finding.trigger, *finding.evidence)]
+            missing = [part for part in example.evidence if not any(part in q for q in quoted)]
+            if missing:
+                message = (
+                    f"{rule.id} fired but does not quote {missing[0]!r}; it quotes: "
+                    + " | ".join(q[:100] for q in quoted)
+                )
+                return ExampleResult(rule, example, False, fired, message, why, advice)
     else:
         message = (
             f"expected {rule.id} to {'fire' if want else 'stay silent'}, "

@@ -114,6 +114,9 @@ def _try(
             hits = [c for c in hits if c.rank is None or c.rank in culprits]
         if clause.running:
             hits = [c for c in hits if _running(c, trigger) is not False]
+        if clause.outside_nccl:
+            nccl = {(e.source, e.line) for e in by_kind.get(Kind.NCCL_ERROR, [])}
+            hits = [c for c in hits if (c.source, c.line) not in nccl]
         if clause.present and not hits:
             return None, f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
         if not clause.present and hits:

@@ -53,7 +53,14 @@ ANCHORS: tuple[str, ...] = (
     "onitor Thread is disabled",
     "should dump",
     "Could not acquire GIL",
-    "Caught signal",  # UCX / libc handlers: a fatal signal, NCCL's when its frames follow
+    # fatal signals (parse/fatal.py), NCCL failures when the backtrace after runs through NCCL
+    "Caught signal",
+    "Process received signal",
+    "Fatal Python error",
+    "SIGSEGV",
+    "SIGBUS",
+    "SIGILL",
+    "SIGFPE",
     "raised from ncclCommWatchdog",  # the C++ trace of the exception the watchdog died of
     "raised from c10d::ProcessGroupNCCL::",
     "raised from ProcessGroupNCCL::",

@@ -116,6 +116,7 @@ class Clause:
     name: str | None = None  # templates refer to the evidence by it (``evidence.save``)
     culprit: bool = False  # the event must be on a culprit rank (or on a rank the line hides)
     running: bool = False  # it began before the collective was entered and had not ended
+    outside_nccl: bool = False  # not on a line read as NCCL's own error (a crash inside NCCL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,7 @@ class Example:
     log: str | None
     file: str | None
     source: Location
+    evidence: tuple[str, ...] = ()  # parts of the lines the finding must quote (match only)
 
 
 @dataclass(frozen=True, slots=True)

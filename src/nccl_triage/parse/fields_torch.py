@@ -24,7 +24,6 @@ from nccl_triage.parse.fields_common import (
     NotAMessage,
     looks_cut,
     ranks,
-    signame,
 )
 
 
@@ -401,10 +400,6 @@ class TorchFields(Transformer[Token, Fields]):
     def watchdog_raised(self, items: list[Any]) -> Fields:
         # the C++ trace of an exception the watchdog thread died of (its message was above)
         return {"kind": Kind.WATCHDOG_EXCEPTION, "form": "raised_from_watchdog"}
-
-    def fatal_signal(self, items: list[Any]) -> Fields:
-        num = int(next(str(i) for i in items if isinstance(i, Token) and i.type == "INT"))
-        return {"kind": "fatal_signal", "form": "fatal_signal", "signal": signame(num)}
 
     def gil_hang(self, items: list[Any]) -> Fields:
         return {"kind": Kind.HEARTBEAT_TIMEOUT, "form": "gil_hang"}

@@ -18,13 +18,13 @@ from nccl_triage.model import Detail, Event, Kind, Line, Unparsed, is_failure
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.eras import era_of
+from nccl_triage.parse.fatal import fatal_head, nccl_frame
 from nccl_triage.parse.fields_common import Fields
 from nccl_triage.parse.grammar import parse_tree
 from nccl_triage.parse.messages import PRELUDE_TAIL, REPEATED, normalize, parse_message, salvage
 
 MAX_UNPARSED = 10_000
 # A frame of a backtrace in an NCCL function: "2 0x0000000000068d7c ncclGroupEnd() ???:0"
-_NCCL_FRAME = re.compile(r"^\s*(?:#?\d+\s+0x[0-9a-f]+\s+|frame #\d+:\s*)(nccl[A-Z]\w*|nccl::\w+)")
 
 _STRONG_START = re.compile(
     r"\s*(?:\[rank\d+\]|\[[A-Za-z_][\w.-]*\d+\]:|\[[FEWIV]\d{0,4}[ \d:.]*[\w.+-]+:\d+\]"
@@ -73,6 +73,10 @@ class LineParser:
     def _feed_segment(self, cand: Candidate, line: Line, first: bool, last: bool) -> None:
         text = line.text
         after = [_decode(raw) for raw in cand.after] if last else []
+        signal = fatal_head(line.message)
+        if signal is not None:
+            self._fatal_signal(line, signal, after)
+            return
         fields, used = self._parse_with_joins(line, after)
         start_line = line
         if first and _continues_previous(cand, text, line, fields is not None):
@@ -113,16 +117,28 @@ class LineParser:
                 self.consumed_until = max(self.consumed_until, cand.lineno + 1)
         if kind == "child_field":
             return  # a ChildFailedError record line outside a block: nothing to pin it on
-        if kind == "fatal_signal":
-            # A process killed by a signal is an NCCL failure when the backtrace after it runs
-            # through NCCL's own functions (a bus error in ncclGroupEnd: its shared memory).
-            frame = next((m for raw in cand.after if (m := _NCCL_FRAME.search(_decode(raw)))), None)
-            if frame is None:
-                return  # a crash of some other code: context for the diagnosis, not an event
-            fields = {**fields, "kind": Kind.NCCL_ERROR, "nccl_call": frame[1]}
         ev = make_event(start_line, fields, self._joined_text(start_line, after, used))
         if is_failure(ev):
             self.failure_lines.append(ev.line)
+        self.dedupe.add(ev)
+
+    def _fatal_signal(self, line: Line, signal: str, after: list[str]) -> None:
+        """A process killed by a signal: an NCCL failure when its backtrace runs through NCCL.
+
+        A crash of some other code is context for the diagnosis (a signal), not an event.
+        """
+        found = nccl_frame(signal, after)
+        if found is None:
+            return
+        name, where = found
+        fields: Fields = {
+            "kind": Kind.NCCL_ERROR,
+            "form": "fatal_signal",
+            "signal": name,
+            "nccl_call": where,
+        }
+        ev = make_event(line, fields, line.text.strip())
+        self.failure_lines.append(ev.line)
         self.dedupe.add(ev)
 
     def _joined_text(self, line: Line, after: list[str], used: int) -> str:

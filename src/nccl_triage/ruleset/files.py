@@ -328,7 +328,7 @@ def _clause(
             f"{what}direction '{direction}' (expected one of: {', '.join(DIRECTIONS)})",
         )
     flags = {}
-    for key in ("present", "same_rank", "other_rank", "culprit", "running"):
+    for key in ("present", "same_rank", "other_rank", "culprit", "running", "outside_nccl"):
         default = bool(shape.key(key).default)
         value = obj.get(key, default)
         if not isinstance(value, bool):
@@ -353,6 +353,7 @@ def _clause(
         name,
         flags["culprit"],
         flags["running"],
+        flags["outside_nccl"],
     )
 
 
@@ -455,6 +456,18 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
                 check.add(check.line_of(item, "file"), f"{what}file '{file}' not found")
                 continue
             file = str(resolved)
+        evidence = item.get("evidence") or ()
+        if isinstance(evidence, str):
+            evidence = (evidence,)
+        if not isinstance(evidence, list | tuple) or not all(
+            isinstance(e, str) and e for e in evidence
+        ):
+            check.add(
+                check.line_of(item, "evidence"), f"{what}'evidence' must be text or a list of it"
+            )
+            evidence = ()
+        if evidence and expect != "match":
+            check.add(check.line_of(item, "evidence"), f"{what}'evidence' is for 'match' examples")
         out.append(
             Example(
                 name,
@@ -462,6 +475,7 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
                 log if log is None else str(log),
                 file,
                 Location(str(path), item.line),
+                tuple(evidence),
             )
         )
     matches = [e for e in out if e.expect == "match"]

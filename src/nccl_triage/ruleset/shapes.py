@@ -188,6 +188,13 @@ SHAPES: dict[str, Shape] = {
                     "not have ended before the watchdog fired (when the log can tell)",
                     default=False,
                 ),
+                Key(
+                    "outside_nccl",
+                    "flag",
+                    "the event must not be on a line read as NCCL's own error (a fatal "
+                    "signal whose backtrace runs through NCCL is NCCL's failure, not a crash)",
+                    default=False,
+                ),
             ),
         ),
         Shape(
@@ -206,6 +213,12 @@ SHAPES: dict[str, Shape] = {
                 Key("expect", "choice", "fire or stay silent", True, ("match", "no-match")),
                 Key("log", "text", "the log itself (up to ~20 lines)"),
                 Key("file", "text", "a log file, relative to the rule file"),
+                Key(
+                    "evidence",
+                    "strings",
+                    "for a match: part of each line the finding must quote (its trigger or "
+                    "its evidence), so the example pins the lines that prove the cause",
+                ),
             ),
             one_of=("log", "file"),
         ),
