@@ -32,8 +32,8 @@ RATCHETS: dict[str, tuple[int, int, int, int, int]] = {
     "crash": (16, 0, 0, 10, 0),
     "ncclerr": (31, 0, 0, 17, 0),
     "fatal": (14, 0, 2, 7, 0),
-    "store": (8, 0, 10, 2, 1),
-    "validation-errors": (29, 0, 1, 14, 3),
+    "store": (15, 0, 3, 9, 0),
+    "validation-errors": (30, 0, 0, 14, 2),
     "validation-timeouts": (26, 0, 0, 0, 0),
 }
 FOLDERS = {"shared": SHARED, **{p.name: p for p in sorted(MINED.iterdir()) if has_manifest(p)}}

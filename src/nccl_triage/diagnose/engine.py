@@ -115,9 +115,11 @@ def _try(
         if clause.running:
             hits = [c for c in hits if _running(c, trigger) is not False]
         if clause.outside_nccl:
-            nccl = {(e.source, e.line) for e in by_kind.get(Kind.NCCL_ERROR, [])}
-            hits = [c for c in hits if (c.source, c.line) not in nccl]
+            own = {(e.source, e.line) for evs in by_kind.values() for e in evs if is_failure(e)}
+            hits = [c for c in hits if (c.source, c.line) not in own]
         if clause.present and not hits:
+            if clause.optional:
+                continue
             return None, f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
         if not clause.present and hits:
             return None, f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"

@@ -125,6 +125,13 @@ ANCHORS: tuple[str, ...] = (
     "recvValue failed",
     "ailed to recv, got 0 bytes",
     "RendezvousTimeoutError",
+    # a store or its socket failing: raised bare from torch.distributed's set-up (parse/lines.py)
+    "Connection reset by peer",
+    "Connection refused",
+    "Connection timed out",
+    "connect() timed out",
+    "Broken pipe",
+    "waitForInput",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     # family 8: Gloo

@@ -54,6 +54,8 @@ FAILURE_KINDS = frozenset(
         Kind.HEARTBEAT_TIMEOUT,
         Kind.COLLECTIVE_MISMATCH,
         Kind.STORE_TIMEOUT,
+        Kind.SOCKET_ERROR,
+        Kind.RENDEZVOUS_ERROR,
         Kind.GLOO_ERROR,
         Kind.DESYNC_REPORT,
         Kind.FLIGHT_RECORDER,
@@ -63,6 +65,12 @@ FAILURE_KINDS = frozenset(
 # error (a WARN of an error family, an error-return trace), the desync report's verdict, the
 # flight-recorder analyser's finding. The rest of those kinds are context.
 _FAILING_FORMS = {
+    # a socket's last attempt (every address tried), or a store error raised from set-up; the
+    # per-address warnings before it and a peer's reset after the job ended are context
+    Kind.SOCKET_ERROR: frozenset(
+        {"connect_failed_all", "listen_failed_all", "raised", "unique_id_exchange"}
+    ),
+    Kind.RENDEZVOUS_ERROR: frozenset({"timeout", "connection", "state", "error"}),
     Kind.DESYNC_REPORT: frozenset({"report_failed"}),
     Kind.FLIGHT_RECORDER: frozenset({"not_all_joining"}),
 }

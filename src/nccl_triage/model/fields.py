@@ -249,6 +249,7 @@ class SocketErrorFields(TypedDict, total=False):
     pg_guid: str
     pg_rank: int
     error: str
+    errno: int
     exception_type: str
     message: str
     peer: str

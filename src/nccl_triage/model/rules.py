@@ -117,6 +117,7 @@ class Clause:
     culprit: bool = False  # the event must be on a culprit rank (or on a rank the line hides)
     running: bool = False  # it began before the collective was entered and had not ended
     outside_nccl: bool = False  # not on a line read as NCCL's own error (a crash inside NCCL)
+    optional: bool = False  # quoted (and weighed) when present; the rule fires without it
 
 
 @dataclass(frozen=True, slots=True)

@@ -331,11 +331,15 @@ class LibraryFields(Transformer[Token, Fields]):
     def unique_id(self, items: list[Any]) -> Fields:
         tail = items[-1]
         m = re.search(r"got error:?\s*(.*)", tail)
+        error = (m[1].strip() or None) if m else None
+        # "... got error: Socket Timeout" waited too long; "... Connection reset by peer" lost
+        # the store (rank 0 gone or unreachable): a socket error, not a wait
+        timed_out = error is None or re.search(r"(?i)time(?:d)?[ _-]?out", error) is not None
         return {
-            "kind": Kind.STORE_TIMEOUT,
+            "kind": Kind.STORE_TIMEOUT if timed_out else Kind.SOCKET_ERROR,
             "form": "unique_id_exchange",
             "rank": ranks(items[0])[0] if ranks(items[0]) else None,
-            "error": (m[1].strip() or None) if m else None,
+            "error": error,
         }
 
     def store_wait(self, items: list[Any]) -> Fields:
@@ -347,8 +351,25 @@ class LibraryFields(Transformer[Token, Fields]):
     def socket_timeout(self, items: list[Any]) -> Fields:
         return {"kind": Kind.STORE_TIMEOUT, "form": "socket_timeout"}
 
+    def wait_for_input(self, items: list[Any]) -> Fields:
+        # "waitForInput: socket SocketImpl(...) timed out after 1800000ms": a store read timed out
+        tail = items[-1] if items and isinstance(items[-1], str) else ""
+        t = re.search(r"timed out after (\d+)\s*ms", tail)
+        if t is None:
+            return {"kind": Kind.SOCKET_ERROR, "form": "wait_for_input", "message": tail}
+        return {
+            "kind": Kind.STORE_TIMEOUT,
+            "form": "wait_for_input",
+            "timeout_ms": int(t[1]),
+            "message": tail,
+        }
+
     def connect_failed(self, items: list[Any]) -> Fields:
-        out: Fields = {"kind": Kind.SOCKET_ERROR, "form": "connect_failed", "message": items[-1]}
+        # "... to [::ffff:10.0.0.5]:40323 (errno: 110 ...)" is one attempt of several (a
+        # warning); "... to any network address of (host, port)." is the end of them
+        final = str(items[-1]).lstrip().startswith("any ")
+        form = "connect_failed_all" if final else "connect_failed"
+        out: Fields = {"kind": Kind.SOCKET_ERROR, "form": form, "message": items[-1]}
         # "[::ffff:10.0.0.5]:40323 (errno: ...)" or "any network address of (host, port)."
         m = re.match(r"(\[[^\]]*\]:\d+)|.*?\(([^,()]+),\s*(\d+)\)", items[-1])
         if m:
@@ -356,7 +377,19 @@ class LibraryFields(Transformer[Token, Fields]):
         return out
 
     def listen_failed(self, items: list[Any]) -> Fields:
-        return {"kind": Kind.SOCKET_ERROR, "form": "listen_failed", "message": items[-1]}
+        # "... to bind to [::]:29500 (errno: 98 - Address already in use)." per address;
+        # "... to listen on any local network address." when none is left
+        tail = str(items[-1])
+        final = tail.lstrip().startswith("on any")
+        out: Fields = {
+            "kind": Kind.SOCKET_ERROR,
+            "form": "listen_failed_all" if final else "listen_failed",
+            "message": items[-1],
+        }
+        errno = re.search(r"errno:\s*(\d+)|code:\s*-(\d+)", tail)
+        if errno:
+            out["errno"] = int(errno[1] or errno[2])
+        return out
 
     def recv_failed(self, items: list[Any]) -> Fields:
         tail = items[-1] if items and isinstance(items[-1], str) else ""
@@ -369,8 +402,12 @@ class LibraryFields(Transformer[Token, Fields]):
 
     def rendezvous(self, items: list[Any]) -> Fields:
         name = str(items[0]).rstrip(": ").rsplit(".", 1)[-1]
+        # RendezvousTimeoutError -> timeout, ...ConnectionError -> connection, ...ClosedError ->
+        # closed (the rendezvous was shut down, most often after another node failed)
+        form = re.sub(r"^Rendezvous|Error$", "", name).lower() or "error"
         return {
             "kind": Kind.RENDEZVOUS_ERROR,
+            "form": form,
             "exception_type": name,
             "message": items[1] if len(items) > 1 else None,
         }

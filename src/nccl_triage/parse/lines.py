@@ -90,6 +90,9 @@ class LineParser:
             if joined is not None and not joined.get("_incomplete") and whole:
                 fields, used, start_line = joined, used_b, prev
         if fields is None:
+            fields = _store_raised(line.message, cand.before) if first else None
+            used = 0
+        if fields is None:
             fields = salvage(line.message, prefixed=_has_own_prefix(line))
             used = 0
             if fields is None:
@@ -202,6 +205,32 @@ class LineParser:
         text = ", ".join(f"{k}={v}" for k, v in record.items() if v is not None)
         row = Line(line.source, lineno, text, message=text, rank=rank)
         self.dedupe.add(make_event(row, fields, line.text.strip() + " " + text))
+
+
+# A store's socket error raised bare from torch.distributed's set-up: "RuntimeError: Connection
+# reset by peer" right under "store = TCPStore(master_addr, ...)" or "_set_sequence_number...".
+_STORE_RAISED = re.compile(
+    r"^(?P<exc>(?:[\w.]+\.)?(?:RuntimeError|TimeoutError|Connection\w*Error|Dist\w*Error)):\s*"
+    r"(?P<err>Connection (?:reset by peer|refused|timed out)|connect\(\) timed out\b.*"
+    r"|Broken pipe)"
+)
+_SETUP_FRAME = re.compile(
+    r"torch/distributed/|\b(?:TCPStore|FileStore|PrefixStore)\(|init_process_group|rendezvous"
+    r"|_store_based_barrier|_set_sequence_number|\bstore\.(?:get|set|wait|add|compare_set)\("
+)
+
+
+def _store_raised(message: str, before: Sequence[bytes]) -> Fields | None:
+    """The store error a traceback ends with, when its last frame is in torch.distributed."""
+    m = _STORE_RAISED.match(message.strip())
+    if m is None or not any(_SETUP_FRAME.search(_decode(raw)) for raw in before):
+        return None
+    return {
+        "kind": Kind.SOCKET_ERROR,
+        "form": "raised",
+        "exception_type": m["exc"].rsplit(".", 1)[-1],
+        "error": m["err"].strip(),
+    }
 
 
 def peel_segments(source: str, cand: Candidate) -> list[Line]:

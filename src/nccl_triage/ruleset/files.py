@@ -328,7 +328,15 @@ def _clause(
             f"{what}direction '{direction}' (expected one of: {', '.join(DIRECTIONS)})",
         )
     flags = {}
-    for key in ("present", "same_rank", "other_rank", "culprit", "running", "outside_nccl"):
+    for key in (
+        "present",
+        "same_rank",
+        "other_rank",
+        "culprit",
+        "running",
+        "outside_nccl",
+        "optional",
+    ):
         default = bool(shape.key(key).default)
         value = obj.get(key, default)
         if not isinstance(value, bool):
@@ -354,6 +362,7 @@ def _clause(
         flags["culprit"],
         flags["running"],
         flags["outside_nccl"],
+        flags["optional"],
     )
 
 

@@ -189,6 +189,13 @@ SHAPES: dict[str, Shape] = {
                     default=False,
                 ),
                 Key(
+                    "optional",
+                    "flag",
+                    "quote and weigh the event when it is there, but fire without it "
+                    "(templates test `evidence.NAME is defined`)",
+                    default=False,
+                ),
+                Key(
                     "outside_nccl",
                     "flag",
                     "the event must not be on a line read as NCCL's own error (a fatal "
