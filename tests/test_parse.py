@@ -549,3 +549,45 @@ def test_libnccl_warn_without_pid_and_tid(line: str) -> None:
 def test_a_bracketed_number_in_a_report_is_not_an_nccl_origin() -> None:
     text = "\t   - [3] joined but didn't finish collective #41207 (count from 1)\n"
     assert [e.kind for e in parse_text(text).events] == ["desync_report"]
+
+
+def test_the_shipped_parser_tables_are_those_of_the_grammar() -> None:
+    """``python -m nccl_triage.parse.grammar`` rewrites them after a grammar change."""
+    import json
+    from importlib import resources
+
+    from nccl_triage.parse import grammar
+
+    blob = json.loads(resources.files("nccl_triage.parse").joinpath(grammar.TABLES).read_text())
+    assert blob["stamp"] == grammar.stamp(grammar._grammar_text())
+    assert grammar._load_tables(
+        resources.files("nccl_triage.parse").joinpath(grammar.TABLES), blob["stamp"]
+    )
+
+
+def test_tables_for_another_grammar_are_not_used(tmp_path: Any) -> None:
+    from nccl_triage.parse import grammar
+
+    path = tmp_path / "t.json"
+    grammar.write_tables(path)
+    assert grammar._load_tables(path, "another stamp") is None
+    path.write_text("{not json", encoding="utf-8")
+    assert grammar._load_tables(path, grammar.stamp(grammar._grammar_text())) is None
+
+
+def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40,000 repeats of one watchdog line: one grammar parse, one event, every line counted."""
+    from nccl_triage.parse import messages
+
+    calls = []
+    real = messages.parse_tree
+    monkeypatch.setattr(messages, "parse_tree", lambda text: calls.append(text) or real(text))
+    messages._parse_once.cache_clear()
+    line = (
+        "[rank0]:[E1121 10:11:12.123456789 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=4194304, "
+        "NumelOut=4194304, Timeout(ms)=600000) ran for 600051 milliseconds before timing out.\n"
+    )
+    result = parse_text(line * 40_000)
+    assert len(calls) == 1
+    assert len(result.events) == 1 and result.lines == 40_000

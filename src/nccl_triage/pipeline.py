@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO
 
 from nccl_triage.diagnose.context import ContextClassifier
@@ -26,7 +26,7 @@ from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
-from nccl_triage.model import Correlation, Event, Kind, Report, Unparsed, is_failure
+from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed, is_failure
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
 from nccl_triage.ruleset import Ruleset
@@ -72,6 +72,10 @@ def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
 
 
+# Lines repeated byte for byte are peeled once: at most this many remembered, this long each.
+SAME_LINES = 4096
+SAME_LINE_BYTES = 2048
+
 # The window of lines read in full around each failure: the last few thousand lines before it
 # (bounded too by the scanner's history: a few MiB) and a few hundred after it.
 CONTEXT_BEFORE = 3000
@@ -93,6 +97,11 @@ class _Input:
     read_to: int = 0  # lines up to here were given to the context classifier
     read: list[tuple[int, int]] = field(default_factory=list)  # [first, end) ranges it read
     failures_seen: int = 0  # of parser.failure_lines
+    # candidates peeled and matched (per segment), kept until the windows are read
+    peeled: dict[int, tuple[list[Line], list[list[int]]]] = field(default_factory=dict)
+    # the same bytes seen on another line (a log that repeats a line verbatim): peeled and
+    # matched once
+    same: dict[bytes, tuple[list[Line], list[list[int]]]] = field(default_factory=dict)
 
 
 class Triage:
@@ -158,11 +167,23 @@ class Triage:
     def _take(self, inp: _Input, cands: list[Candidate], final: bool = False) -> int:
         for cand in cands:
             inp.candidates += 1
-            lines = peel_segments(inp.source, cand)  # once, for the grammar and the signals
+            known = inp.same.get(cand.raw)
+            if known is not None:
+                lines = [replace(line, lineno=cand.lineno) for line in known[0]]
+                hits = known[1]
+            else:
+                # once, for the grammar, the signals and the context windows
+                lines = peel_segments(inp.source, cand)
+                hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
+                if len(cand.raw) <= SAME_LINE_BYTES:
+                    if len(inp.same) >= SAME_LINES:
+                        inp.same.clear()
+                    inp.same[cand.raw] = (lines, hits)
             inp.parser.feed(cand, lines)
             if self.ruleset.signals:
-                for line in lines:
-                    inp.signals.feed(line)
+                inp.peeled[cand.lineno] = (lines, hits)
+                for line, found in zip(lines, hits, strict=True):
+                    inp.signals.feed(line, found)
         if self.ruleset.signals:
             self._open_windows(inp)
             self._read_windows(inp, final)
@@ -188,8 +209,13 @@ class Triage:
             lo, hi = max(w[0], inp.read_to + 1, first), min(w[1], end)
             if lo < hi:
                 for lineno, raw in history.lines(lo, hi):
-                    for line in peel_raw(inp.source, lineno, raw):
-                        inp.context.feed(line)
+                    known = inp.peeled.get(lineno)
+                    if known is None:
+                        for line in peel_raw(inp.source, lineno, raw):
+                            inp.context.feed(line)
+                    else:
+                        for line, found in zip(*known, strict=True):
+                            inp.context.feed(line, found)
                 inp.read_to = hi - 1
                 if inp.read and inp.read[-1][1] >= lo:
                     inp.read[-1] = (inp.read[-1][0], hi)
@@ -199,6 +225,10 @@ class Triage:
                 inp.windows.pop(0)  # read to its end (or the input ended)
             else:
                 break
+        # a candidate before both the history and what was read can no longer be in a window
+        floor = max(inp.read_to + 1, first) if first is not None else inp.read_to + 1
+        if inp.peeled and (final or next(iter(inp.peeled)) < floor):
+            inp.peeled = {} if final else {k: v for k, v in inp.peeled.items() if k >= floor}
 
     # -- state
 

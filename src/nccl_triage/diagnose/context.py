@@ -36,9 +36,9 @@ class ContextClassifier:
         self._progress: dict[tuple[int | None, str], Event] = {}
         self._last: dict[int | None, Event] = {}
 
-    def feed(self, line: Line) -> None:
-        """Classify one line of a window."""
-        started = self._signals.feed(line)
+    def feed(self, line: Line, hits: list[int] | None = None) -> None:
+        """Classify one line of a window (``hits``: :meth:`SignalClassifier.hits`, if known)."""
+        started = self._signals.feed(line, hits)
         text = line.message or line.text
         lead = next((p.text for p in line.prefixes if p.kind == PrefixKind.LEAD), "")
         bar = parse_progress(lead + text) if ("%" in text or "/" in text or lead) else None

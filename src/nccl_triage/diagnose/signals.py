@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from nccl_triage.ingest.regex import compile_regex
+from nccl_triage.ingest.regex import RegexSet, compile_regex, compile_set
 from nccl_triage.model import Detail, Event, Line, Signal
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
@@ -26,6 +26,8 @@ class _Compiled:
     regex: Any
     on_message: bool
     exclude: Any  # one RE2 alternation of the signal's near-misses, or None
+    source: str = ""  # the pattern's text
+    ignore_case: bool = False
 
 
 @cache
@@ -39,11 +41,30 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
         )
         out.extend(
             _Compiled(
-                sig.id, p.name, compile_regex(p.regex, sig.ignore_case), p.on_message, exclude
+                sig.id,
+                p.name,
+                compile_regex(p.regex, sig.ignore_case),
+                p.on_message,
+                exclude,
+                p.regex,
+                sig.ignore_case,
             )
             for p in sig.patterns
         )
     return tuple(out)
+
+
+@cache
+def _prefilters(patterns: tuple[_Compiled, ...]) -> tuple[RegexSet, RegexSet, list[int], list[int]]:
+    """One set of the patterns over whole lines, one over messages, with their indices."""
+    on_text = [i for i, p in enumerate(patterns) if not p.on_message]
+    on_message = [i for i, p in enumerate(patterns) if p.on_message]
+    return (
+        compile_set(tuple((patterns[i].source, patterns[i].ignore_case) for i in on_text)),
+        compile_set(tuple((patterns[i].source, patterns[i].ignore_case) for i in on_message)),
+        on_text,
+        on_message,
+    )
 
 
 def scan_anchors(signals: Iterable[Signal]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -65,6 +86,9 @@ class SignalClassifier:
 
     def __init__(self, signals: Iterable[Signal]) -> None:
         self._patterns = _compile(tuple(signals))
+        self._text_set, self._message_set, self._on_text, self._on_message = _prefilters(
+            self._patterns
+        )
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
 
@@ -89,12 +113,25 @@ class SignalClassifier:
         self._events = kept
         return dropped
 
-    def feed(self, line: Line) -> list[Event]:
+    def hits(self, line: Line) -> list[int]:
+        """The patterns whose prefilter matches a line (one pass over it for all of them).
+
+        Classifiers of the same signals agree on these numbers: a line read twice (as a
+        candidate and in a context window) is matched once.
+        """
+        return sorted(
+            [self._on_text[j] for j in self._text_set.matching(line.text)]
+            + [self._on_message[j] for j in self._message_set.matching(line.message)]
+        )
+
+    def feed(self, line: Line, hits: list[int] | None = None) -> list[Event]:
         """Classify one line; return the signal events it started (not those it extended)."""
         started: list[Event] = []
         text = line.text
         seen: set[str] = set()
-        for pat in self._patterns:
+        if hits is None:
+            hits = self.hits(line)
+        for pat in (self._patterns[i] for i in hits):
             if pat.signal_id in seen:
                 continue
             m = pat.regex.search(line.message if pat.on_message else text)

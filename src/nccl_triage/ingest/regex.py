@@ -31,6 +31,38 @@ def compile_bytes_alternation(literals: tuple[bytes, ...], regexes: tuple[bytes,
     return re2.compile(b"|".join(parts), options)
 
 
+class RegexSet:
+    """Many patterns searched in one pass: which of them match a text (RE2's ``Set``)."""
+
+    def __init__(self, patterns: tuple[tuple[str, bool], ...]) -> None:
+        self._sets: list[tuple[Any, list[int]]] = []
+        for ignore_case in (False, True):
+            members = [i for i, (_p, ic) in enumerate(patterns) if ic == ignore_case]
+            if not members:
+                continue
+            options = re2.Options()
+            options.case_sensitive = not ignore_case
+            options.never_capture = True
+            found = re2.Set.SearchSet(options)
+            for i in members:
+                found.Add(patterns[i][0])
+            found.Compile()
+            self._sets.append((found, members))
+
+    def matching(self, text: str) -> list[int]:
+        """The indices of the patterns that match somewhere in ``text``, in order."""
+        hits: list[int] = []
+        for found, members in self._sets:
+            hits.extend(members[j] for j in found.Match(text) or ())
+        return sorted(hits)
+
+
+@cache
+def compile_set(patterns: tuple[tuple[str, bool], ...]) -> RegexSet:
+    """A :class:`RegexSet` of ``(pattern, ignore_case)`` pairs (compiled once per process)."""
+    return RegexSet(patterns)
+
+
 def compile_error(regex: str, ignore_case: bool = False) -> str | None:
     """Return why RE2 rejects a pattern, or None when it compiles."""
     options = re2.Options()

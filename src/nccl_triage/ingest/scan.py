@@ -121,6 +121,40 @@ def _lines_from(buf: bytes, pos: int, n: int, end: int) -> list[bytes]:
     return out
 
 
+class _Ahead:
+    """The LOOKAHEAD lines after each candidate of one buffer, each line split once.
+
+    Candidates often follow each other (a log dense with NCCL lines): the next one's lines
+    after are this one's, less the first, plus one.
+    """
+
+    def __init__(self, buf: bytes, end: int) -> None:
+        self._buf, self._end = buf, end
+        self._starts: deque[int] = deque()
+        self._lines: deque[bytes] = deque()
+        self._next = -1  # where the line after the last one held starts
+
+    def lines(self, pos: int) -> list[bytes]:
+        """Up to LOOKAHEAD lines starting at ``pos``."""
+        starts, lines = self._starts, self._lines
+        while starts and starts[0] < pos:
+            starts.popleft()
+            lines.popleft()
+        if not starts or starts[0] != pos:
+            starts.clear()
+            lines.clear()
+            self._next = pos
+        buf, end = self._buf, self._end
+        while len(lines) < LOOKAHEAD and self._next < end:
+            nl = buf.find(b"\n", self._next, end)
+            if nl < 0:
+                nl = end
+            starts.append(self._next)
+            lines.append(_clip(buf, self._next, nl))
+            self._next = nl + 1
+        return list(lines)
+
+
 # ----------------------------------------------------------------------------- history
 
 
@@ -354,6 +388,7 @@ class Scanner:
                     p.after.extend(head[: LOOKAHEAD - len(p.after)])
         first = self._lineno
         lineno, counted, pos = first, start, start
+        ahead = _Ahead(buf, end)
         while scan and pos < end:
             m = self._pattern.search(buf, pos, end)
             if m is None:
@@ -373,7 +408,7 @@ class Scanner:
                     lineno,
                     _clip(buf, line_start, line_end, at),
                     tuple(before),
-                    _lines_from(buf, line_end + 1, LOOKAHEAD, end),
+                    ahead.lines(line_end + 1),
                     now,
                 )
             )

@@ -3,27 +3,105 @@
 Input: one message (prefixes peeled, terminal damage undone). Output: a flat dict of event
 fields (``kind`` included), or None when the text is not a message the grammar knows.
 
-Only this package imports lark. The parser is built once per process (LALR, contextual lexer).
+Only this package imports lark. The parser is built once per process (LALR, contextual lexer);
+its tables ship with the package as plain JSON (``nccl_tables.json``, written by
+``python -m nccl_triage.parse.grammar``), so a process loads them in a few hundredths of a
+second instead of building them. Tables written for another grammar text or another Lark
+version are ignored, and the parser is built as before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from functools import cache
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
+import lark
 from lark import Lark
 from lark.exceptions import LarkError, VisitError
+from lark.grammar import Rule
+from lark.lexer import TerminalDef
 
 from nccl_triage.parse.fields_common import Fields, NotAMessage
 from nccl_triage.parse.fields_libs import LibraryFields
 from nccl_triage.parse.fields_torch import TorchFields
 
+TABLES = "nccl_tables.json"
+
 
 @cache
 def parser() -> Lark:
-    """Return the grammar's LALR parser (built once per process)."""
-    text = resources.files("nccl_triage.parse").joinpath("nccl.lark").read_text("utf-8")
+    """Return the grammar's LALR parser (loaded or built once per process)."""
+    text = _grammar_text()
+    loaded = _load_tables(resources.files("nccl_triage.parse").joinpath(TABLES), stamp(text))
+    return loaded if loaded is not None else _build(text)
+
+
+def _grammar_text() -> str:
+    return resources.files("nccl_triage.parse").joinpath("nccl.lark").read_text("utf-8")
+
+
+def _build(text: str) -> Lark:
     return Lark(text, parser="lalr", lexer="contextual", maybe_placeholders=False)
+
+
+def stamp(text: str) -> str:
+    """What the tables were made from: the grammar's text and the Lark version."""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return f"{digest} lark {lark.__version__}"
+
+
+def _load_tables(path: Any, want: str) -> Lark | None:
+    try:
+        blob = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(blob, dict) or blob.get("stamp") != want:
+        return None
+    try:
+        data, memo = _decode(blob["data"]), _decode(blob["memo"])
+        loaded: Lark = Lark._load_from_dict(data, memo)  # type: ignore[no-untyped-call]
+        return loaded
+    except Exception:  # noqa: BLE001 - tables of another shape: build the parser instead
+        return None
+
+
+def write_tables(path: Path) -> None:
+    """Write the parser's tables as JSON (dictionaries with non-text keys as pair lists)."""
+    text = _grammar_text()
+    data, memo = _build(text).memo_serialize([TerminalDef, Rule])
+    blob = {"stamp": stamp(text), "data": _encode(data), "memo": _encode(memo)}
+    path.write_text(json.dumps(blob, separators=(",", ":"), sort_keys=True) + "\n", "utf-8")
+
+
+def _encode(value: Any) -> Any:
+    """Plain data as JSON keeps it: a dict whose keys are not all text becomes pairs."""
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and "__pairs__" not in value:
+            return {k: _encode(v) for k, v in value.items()}
+        return {"__pairs__": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    raise TypeError(f"not plain data: {type(value).__name__}")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__pairs__" in value:
+            return {_key(_decode(k)): _decode(v) for k, v in value["__pairs__"]}
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def _key(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 class ToFields(TorchFields, LibraryFields):
@@ -48,3 +126,9 @@ def parse_tree(text: str) -> Fields | None:
         if isinstance(exc.orig_exc, NotAMessage):
             return None
         raise
+
+
+if __name__ == "__main__":
+    target = Path(__file__).with_name(TABLES)
+    write_tables(target)
+    print(f"wrote {target}")

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import segments
 from nccl_triage.ingest.scan import Candidate
 from nccl_triage.model import Detail, Event, Kind, Line, Unparsed, is_failure
 from nccl_triage.parse.anatomy import peel
-from nccl_triage.parse.dedupe import Deduper
+from nccl_triage.parse.dedupe import MAX_OCCURRENCES, Deduper
 from nccl_triage.parse.eras import era_of
 from nccl_triage.parse.fatal import fatal_head, nccl_frame
 from nccl_triage.parse.fields_common import Fields
@@ -38,6 +38,7 @@ ANCHOR_RE = re.compile(
     )
 )
 MAX_JOIN = 4
+MAX_SEEN = 50_000  # distinct messages remembered to count their repeats without parsing them
 
 
 class LineParser:
@@ -53,6 +54,9 @@ class LineParser:
         self.unparsed: list[Unparsed] = []
         self.candidates = 0
         self.failure_lines: list[int] = []  # lines of the failures read, in the order read
+        # a message seen on the same rank/process before: [times seen, is a failure]
+        self._seen: dict[tuple[Any, ...], list[Any]] = {}
+        self.repeated = 0  # lines counted as repeats without being parsed again
 
     def feed(self, cand: Candidate, lines: Sequence[Line] | None = None) -> None:
         """Parse one candidate line (joined with its neighbours when a message was wrapped).
@@ -65,6 +69,15 @@ class LineParser:
         self.candidates += 1
         if lines is None:
             lines = peel_segments(self.source, cand)
+        if len(lines) == 1:
+            seen = self._seen.get(_repeat_key(lines[0]))
+            if seen is not None and seen[0] > MAX_OCCURRENCES:
+                # the event already holds all the occurrences it keeps: count, do not parse
+                seen[0] += 1
+                self.repeated += 1
+                if seen[1]:
+                    self.failure_lines.append(cand.lineno)
+                return
         for i, line in enumerate(lines):
             if not ANCHOR_RE.search(line.text):
                 continue
@@ -72,7 +85,7 @@ class LineParser:
 
     def _feed_segment(self, cand: Candidate, line: Line, first: bool, last: bool) -> None:
         text = line.text
-        after = [_decode(raw) for raw in cand.after] if last else []
+        after: Sequence[str] = _Decoded(cand.after) if last else ()
         signal = fatal_head(line.message)
         if signal is not None:
             self._fatal_signal(line, signal, after)
@@ -85,7 +98,8 @@ class LineParser:
             whole = fields is None or (
                 _has_own_prefix(prev)
                 and not any(p.kind == "lead" for p in prev.prefixes)
-                and parse_tree(normalize(prev.message + "".join(after[:used_b]))) is not None
+                and parse_tree(normalize(prev.message + "".join(after[k] for k in range(used_b))))
+                is not None
             )
             if joined is not None and not joined.get("_incomplete") and whole:
                 fields, used, start_line = joined, used_b, prev
@@ -121,11 +135,17 @@ class LineParser:
         if kind == "child_field":
             return  # a ChildFailedError record line outside a block: nothing to pin it on
         ev = make_event(start_line, fields, self._joined_text(start_line, after, used))
-        if is_failure(ev):
+        failure = is_failure(ev)
+        if failure:
             self.failure_lines.append(ev.line)
         self.dedupe.add(ev)
+        if used == 0 and start_line is line and not ev.partial and not ev.repeats:
+            # a message read whole from its own line: the next identical one can be counted
+            key = _repeat_key(line)
+            if key in self._seen or len(self._seen) < MAX_SEEN:
+                self._seen.setdefault(key, [0, failure])[0] += 1
 
-    def _fatal_signal(self, line: Line, signal: str, after: list[str]) -> None:
+    def _fatal_signal(self, line: Line, signal: str, after: Sequence[str]) -> None:
         """A process killed by a signal: an NCCL failure when its backtrace runs through NCCL.
 
         A crash of some other code is context for the diagnosis (a signal), not an event.
@@ -144,12 +164,12 @@ class LineParser:
         self.failure_lines.append(ev.line)
         self.dedupe.add(ev)
 
-    def _joined_text(self, line: Line, after: list[str], used: int) -> str:
+    def _joined_text(self, line: Line, after: Sequence[str], used: int) -> str:
         if not used:
             return line.text.strip()
-        return normalize(line.text + "".join(after[:used]))
+        return normalize(line.text + "".join(after[k] for k in range(used)))
 
-    def _parse_with_joins(self, line: Line, after: list[str]) -> tuple[Fields | None, int]:
+    def _parse_with_joins(self, line: Line, after: Sequence[str]) -> tuple[Fields | None, int]:
         fields = parse_message(line.message)
         if fields is not None and not fields.get("_incomplete"):
             return fields, 0
@@ -272,8 +292,38 @@ def _has_own_prefix(line: Line) -> bool:
     return any(p.kind in ("header", "tee", "excepthook") for p in line.prefixes)
 
 
+def _repeat_key(line: Line) -> tuple[Any, ...]:
+    return (line.message, line.rank, line.local_rank, line.pid, line.host)
+
+
 def _decode(raw: bytes) -> str:
     return segments(raw)[-1]
+
+
+class _Decoded(Sequence[str]):
+    """The lines after a candidate, decoded only when asked for (most never are)."""
+
+    def __init__(self, raws: Sequence[bytes]) -> None:
+        self._raws = raws
+        self._done: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._raws)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self._raws)))]
+        if i < 0:
+            i += len(self._raws)
+        if i not in self._done:
+            self._done[i] = _decode(self._raws[i])
+        return self._done[i]
 
 
 def make_event(line: Line, fields: Fields, text: str) -> Event:

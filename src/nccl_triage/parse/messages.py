@@ -8,6 +8,7 @@ not know, prose), or what survives of a damaged timeout message (``salvage``).
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from lark import Token
 
@@ -57,7 +58,26 @@ def parse_message(message: str, head_before: int | None = None) -> Fields | None
     skipped, keeping exception class, ``what():`` and process-group prefixes just before it.
     With ``head_before``, only a head starting before that offset counts (the message's own
     line, when continuation lines were appended to it).
+
+    A message seen before is not parsed again: logs repeat the same message thousands of
+    times (every rank's watchdog, a retry loop), and the grammar is the costly step.
     """
+    if len(message) > _CACHED_LENGTH:  # a long glued line: rare, and it would fill the cache
+        fields = _parse(message, head_before)
+    else:
+        fields = _parse_once(message, head_before)
+    return None if fields is None else dict(fields)
+
+
+_CACHED_LENGTH = 2048
+
+
+@lru_cache(maxsize=16384)
+def _parse_once(message: str, head_before: int | None) -> Fields | None:
+    return _parse(message, head_before)
+
+
+def _parse(message: str, head_before: int | None) -> Fields | None:
     text = normalize(message)
     if not text:
         return None
