@@ -591,3 +591,45 @@ def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> Non
     result = parse_text(line * 40_000)
     assert len(calls) == 1
     assert len(result.events) == 1 and result.lines == 40_000
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "form"),
+    [
+        # nccl-tests' CUDACHECK / NCCLCHECK (src/common.h): "%s: Test CUDA failure %s:%d '%s'"
+        (
+            "gpu-2: Test NCCL failure common.cu:958 'unhandled system error'",
+            "nccl_error",
+            "test_nccl_failure",
+        ),
+        (
+            "gpu-2: Test CUDA failure common.cu:1045 'invalid device ordinal'",
+            "nccl_error",
+            "test_cuda_failure",
+        ),
+        # DDP's check of the model across ranks (torch/distributed/utils.py), two eras
+        (
+            "RuntimeError: DDP expects same model across all ranks, but Rank 0 has 2 params, while rank 1 has inconsistent 3 params.",
+            "collective_mismatch",
+            "ddp_model",
+        ),
+        (
+            "RuntimeError: params[0] in this process with sizes [10, 10] appears not to match sizes of the same param in process 0.",
+            "collective_mismatch",
+            "ddp_model",
+        ),
+    ],
+)
+def test_test_failures_and_model_mismatches(line: str, kind: str, form: str) -> None:
+    events = parse_text(line + "\n").events
+    assert [(e.kind, e.form) for e in events] == [(kind, form)]
+
+
+def test_nccl_error_wrapped_where_its_comma_was() -> None:
+    text = (
+        "torch.distributed.DistBackendError: NCCL error in:\n"
+        "/opt/conda/work/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1691\n"
+        "internal error - please report this issue to the NCCL developers, NCCL version 2.19.3\n"
+    )
+    [ev] = parse_text(text).events
+    assert ev.kind == "nccl_error" and ev.detail.get("nccl_version") == "2.19.3"

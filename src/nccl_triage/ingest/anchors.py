@@ -127,6 +127,11 @@ ANCHORS: tuple[str, ...] = (
     "RendezvousTimeoutError",
     # a store or its socket failing: raised bare from torch.distributed's set-up (parse/lines.py)
     "Connection reset by peer",
+    # nccl-tests' own checks; DDP's check of the model across ranks
+    "Test CUDA failure",
+    "Test NCCL failure",
+    "DDP expects same model",
+    "in this process with sizes",
     "Connection refused",
     "Connection timed out",
     "connect() timed out",

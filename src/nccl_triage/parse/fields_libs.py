@@ -84,6 +84,13 @@ class LibraryFields(Transformer[Token, Fields]):
         reason = (_token(items, "QUOTED") or "").strip("'\"")
         return self._nccl_raised("failure", reason, **_source(src))
 
+    def nccl_test_failure(self, items: list[Any]) -> Fields:
+        # nccl-tests' own checks: its NCCL calls, and the CUDA calls it makes around them
+        src = _token(items, "SRC_LOC")
+        reason = (_token(items, "QUOTED") or "").strip("'\"")
+        lib = _token(items, "TEST_LIB")
+        return self._nccl_raised(f"test_{(lib or 'nccl').lower()}_failure", reason, **_source(src))
+
     def nccl_error_code(self, items: list[Any]) -> Fields:
         code = int(_token(items, "INT") or 0)
         reason = _text(items)
@@ -183,6 +190,15 @@ class LibraryFields(Transformer[Token, Fields]):
             op = re.search(r"OpType\s*=\s*(_?[A-Z][A-Z_]*)", fingerprint)
             if op:
                 out[f"op_type_{'ab'[i]}"] = op[1]
+        return out
+
+    def ddp_model_mismatch(self, items: list[Any]) -> Fields:
+        text = _text(items)
+        out: Fields = {"kind": Kind.COLLECTIVE_MISMATCH, "form": "ddp_model", "message": text}
+        # "but Rank 1 has 212 params, while rank 0 has inconsistent 0 params."
+        m = re.search(r"Rank (\d+) has (\d+) params, while rank (\d+) has inconsistent (\d+)", text)
+        if m:
+            out.update(rank_a=int(m[1]), rank_b=int(m[3]))
         return out
 
     def horovod_mismatch(self, items: list[Any]) -> Fields:

@@ -31,7 +31,8 @@ _HEADS = re.compile(
     r"|NCCL\s*version|ProcessGroupNCCL\s*(?:preparing|monitor)|Could\s*not\s*acquire"
     r"|NCCL\s*(?:operation|failure|Error)|Nccl\s*error|Aborting\s*communicator|undefined\s*symbol"
     r"|Unable\s*to\s*load\s*NCCL|Mismatched\s|One\s*or\s*more\s*tensors|Stalled\s*ops"
-    r"|\bnccl[A-Z]\w*(?:\(.*?\))?\s*failed"
+    r"|\bnccl[A-Z]\w*(?:\(.*?\))?\s*failed|Test\s*(?:CUDA|NCCL)\s*failure|DDP\s*expects"
+    r"|params\[\d+\]\s*in\s*this\s*process"
 )
 # Prelude tokens that may stand right before a head: exception classes, what():, PG prefixes.
 PRELUDE_TAIL = re.compile(
