@@ -173,6 +173,13 @@ def test_discovery_walks_directories_and_reports_what_it_cannot_list(tmp_path: P
     assert [Path(f.name).name for f in globbed if f.error is None] == ["x.log"]
     assert "directory loop" in str(next(f.error for f in globbed if f.name.endswith("loop")))
     assert b.discover([str(tmp_path / "*.nothing")])[0].error is not None
+    # a broken link the pattern does not name is not reported; one it names is
+    os.symlink("missing.txt", tmp_path / "a" / "b" / "notes.txt")
+    globbed = b.discover([str(tmp_path / "a" / "**" / "*.log")])
+    assert not any(f.name.endswith("notes.txt") for f in globbed)
+    assert "broken symbolic link" in str(
+        next(f.error for f in globbed if f.name.endswith("dangling.log"))
+    )
 
 
 # ----------------------------------------------------------------------------- triage
@@ -387,6 +394,21 @@ def test_rerun_triages_only_new_or_changed_files_and_rule_changes_invalidate(
     assert b.run_batch([str(archive)], fewer, opts).stats.triaged == 8
 
 
+def test_a_cached_error_names_the_file_it_is_about_now(tmp_path: Path, ruleset: Any) -> None:
+    blob = gzip.compress(TIMEOUT.format(rank=0).encode() * 50)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one" / "first.log.gz").write_bytes(blob[: len(blob) // 2])
+    opts = b.BatchOptions(db=tmp_path / "cache.sqlite", workers=1)
+    first = b.run_batch([str(tmp_path / "one")], ruleset, opts)
+    assert str(tmp_path / "one" / "first.log.gz") in first.outcomes[0].errors[0]
+    (tmp_path / "two" / "second.log.gz").write_bytes(blob[: len(blob) // 2])
+    again = b.run_batch([str(tmp_path / "two")], ruleset, opts)
+    assert again.stats.cached == 1
+    [message] = again.outcomes[0].errors
+    assert str(tmp_path / "two" / "second.log.gz") in message and "first.log.gz" not in message
+
+
 def test_a_damaged_cache_is_skipped_with_a_warning(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.log").write_text(TIMEOUT.format(rank=0))
@@ -458,6 +480,19 @@ def test_html_escapes_log_text_and_loads_nothing(tmp_path: Path, ruleset: Any) -
     assert "<img" not in html
     assert re.search(r"""(?:src|href)=["']?(?:https?:)?//""", html.split("<main>")[0]) is None
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+def test_an_unreadable_rows_error_is_shown_under_its_job_not_off_screen(
+    tmp_path: Path, ruleset: Any
+) -> None:
+    blob = gzip.compress(TIMEOUT.format(rank=0).encode() * 50)
+    (tmp_path / "broken.log.gz").write_bytes(blob[: len(blob) // 2])
+    html = batch_html.render_html(b.run_batch([str(tmp_path)], ruleset))
+    table = html.split('<table id="jobs">')[1].split("</table>")[0]
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", table.split("</thead>")[0])
+    assert "error" not in heads  # no last column far to the right of a wide table
+    job_cell = re.search(r'<td class="job">(.*?)</td>', table, re.DOTALL)
+    assert job_cell is not None and "truncated gzip data" in job_cell[1]
 
 
 def test_advice_markdown_is_escaped_before_markup() -> None:

@@ -160,3 +160,45 @@ def test_an_internal_error_is_one_line_and_exit_2(
     assert "internal error: ValueError: boom" in result.stderr and "--debug" in result.stderr
     result = CliRunner().invoke(main, ["--debug", "triage", str(log)])
     assert result.exit_code == 2 and "Traceback" in result.stderr
+
+
+def test_empty_and_binary_inputs_say_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 40)
+    result = CliRunner().invoke(main, ["triage", str(empty), str(binary)])
+    assert result.exit_code == 0
+    assert f"{empty}: clean" in result.stdout and "note: empty input (0 bytes)" in result.stdout
+    assert "note: binary data, not a text log" in result.stdout
+    assert f"nccl-triage: {binary}: binary data" in result.stderr
+    data = json.loads(invoke(["triage", "--format", "json", str(empty)], 0).stdout)
+    assert data["notes"] == ["empty input (0 bytes)"]
+
+
+def test_a_dense_log_is_read_within_the_budget_and_says_what_it_skipped(tmp_path: Path) -> None:
+    line = (
+        "[rank{}]:[E1121 10:11:12.123456789 ProcessGroupNCCL.cpp:632] [Rank {}] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum={}, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=600000) ran for 600051 milliseconds before timing out.\n"
+    )
+    log = tmp_path / "dense.log"
+    body = "".join(line.format(r % 8, r % 8, 100 + r) for r in range(1000))
+    log.write_text(body + "[rank3]: KeyError: 'input_ids'\n" + line.format(3, 3, 5000), "utf-8")
+    out = invoke(["triage", "--max-candidates", "100", str(log)], 1).stdout
+    assert "note: 902 of 1,002 candidate lines were skipped" in out
+    # the end of the log, where its failure is, was read
+    data = json.loads(
+        invoke(["triage", "--max-candidates", "100", "--format", "json", str(log)], 1).stdout
+    )
+    assert any(e.get("seq") == 5000 for e in data["events"])
+    full = json.loads(
+        invoke(["triage", "--max-candidates", "0", "--format", "json", str(log)], 1).stdout
+    )
+    assert full["notes"] == [] and len(full["events"]) > len(data["events"])
+
+
+@pytest.mark.parametrize("command", ["triage", "parse", "watch", "run", "batch", "rules", "fr"])
+def test_help_has_no_stray_escapes(command: str) -> None:
+    text = invoke([command, "--help"], 0).stdout
+    assert "\\b" not in text and "\b" not in text

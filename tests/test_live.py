@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -574,3 +575,67 @@ def test_run_with_closed_stdout_lets_the_job_meet_the_closed_pipe(
     assert proc.wait(20) == 128 + signal.SIGPIPE
     err = proc.stderr.read()
     assert b"Traceback" not in err and b"exited with status 141 (SIGPIPE)" in err
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs GNU timeout")
+def test_gnu_timeout_sigterm_is_one_signal_for_watch_and_run(tmp_path: Path) -> None:
+    """GNU timeout signals the process, then its group: one SIGTERM, seen twice."""
+    line = (
+        "[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800512 "
+        "milliseconds before timing out."
+    )
+    # watch: its input stays open; timeout ends it: 143, as after any SIGTERM, not 130
+    feeder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys, time; print({line!r}, flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        watch = subprocess.run(
+            ["timeout", "--preserve-status", "-s", "TERM", "3", *CLI, "watch"],
+            stdin=feeder.stdout,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        feeder.kill()
+        feeder.wait()
+        assert feeder.stdout is not None
+        feeder.stdout.close()
+    assert watch.returncode == 143, watch.stderr[-500:]
+    # run: the job is stopped by the signal, and the final diagnosis still comes
+    job = f"import time; print({line!r}, flush=True); time.sleep(30)"
+    run = subprocess.run(
+        [
+            "timeout",
+            "--preserve-status",
+            "-s",
+            "TERM",
+            "3",
+            *CLI,
+            "run",
+            "--",
+            sys.executable,
+            "-c",
+            job,
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 143, run.stderr[-500:]
+    assert b"final diagnosis" in run.stderr  # the analyser was not in the signalled group
+
+
+def test_one_sigterm_delivered_twice_is_one_stop() -> None:
+    """To us, then to our process group (GNU timeout): not the second Ctrl-C that escalates."""
+    from nccl_triage.live.pump import _Signals
+
+    sigs = _Signals((signal.SIGTERM,), escalate=True)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # raised KeyboardInterrupt before
+        assert sigs.take() == [signal.SIGTERM]
+    finally:
+        sigs.restore()

@@ -15,6 +15,7 @@ rule engine (:mod:`nccl_triage.diagnose`).
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import IO
@@ -72,6 +73,14 @@ def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
 
 
+# The bytes of an input's start looked at to tell a binary file from a log.
+SNIFF_BYTES = 65536
+_CONTROL_BYTES = bytes([*range(9), 11, 12, *range(14, 27), *range(28, 32), 127])
+# Candidate lines read in full per input by default: enough for any real log; a dense one of
+# millions (1 GB of repeated NCCL lines) is read at its start and end.
+MAX_CANDIDATES = 500_000
+MIN_FILE_CANDIDATES = 20_000  # per file of a job of many files
+
 # Lines repeated byte for byte are peeled once: at most this many remembered, this long each.
 SAME_LINES = 4096
 SAME_LINE_BYTES = 2048
@@ -102,6 +111,10 @@ class _Input:
     # the same bytes seen on another line (a log that repeats a line verbatim): peeled and
     # matched once
     same: dict[bytes, tuple[list[Line], list[list[int]]]] = field(default_factory=dict)
+    sniffed: int = 0  # bytes looked at for NULs (the first SNIFF_BYTES)
+    nul_bytes: int = 0  # control bytes no text log has (NUL, BEL, ...; not tab, ESC, CR, LF)
+    held: deque[Candidate] = field(default_factory=deque)  # the last ones, past the budget
+    skipped: int = 0  # candidates past the budget that were not read
 
 
 class Triage:
@@ -111,9 +124,22 @@ class Triage:
     any time. ``diagnose=False`` parses only (no signals, facts or rules: ``parse``).
     """
 
-    def __init__(self, ruleset: Ruleset, source: str = "<text>", *, diagnose: bool = True) -> None:
+    def __init__(
+        self,
+        ruleset: Ruleset,
+        source: str = "<text>",
+        *,
+        diagnose: bool = True,
+        max_candidates: int | None = None,
+    ) -> None:
+        """Start a triage.
+
+        ``max_candidates``: read at most this many candidate lines per input (the first ones,
+        and the last fifth of the budget at the end); None or 0 reads them all.
+        """
         self.source = source
         self.ruleset = ruleset if diagnose else Ruleset(rules=[], signals=[])
+        self.max_candidates = max_candidates or None
         self._anchors = scan_patterns(self.ruleset)
         self._inputs: dict[str, _Input] = {}
 
@@ -145,6 +171,10 @@ class Triage:
     def feed(self, data: bytes, source: str | None = None, now: float = 0.0) -> int:
         """Take the next bytes of an input; return how many candidate lines they completed."""
         inp = self._input(source)
+        if inp.sniffed < SNIFF_BYTES:
+            head = data[: SNIFF_BYTES - inp.sniffed]
+            inp.sniffed += len(head)
+            inp.nul_bytes += len(head) - len(head.translate(None, _CONTROL_BYTES))
         return self._take(inp, inp.scanner.feed(data, now))
 
     def skip(
@@ -165,6 +195,9 @@ class Triage:
         self._take(inp, inp.scanner.close(), final=True)
 
     def _take(self, inp: _Input, cands: list[Candidate], final: bool = False) -> int:
+        budget = self.max_candidates
+        if budget is not None:
+            cands = self._within_budget(inp, cands, budget, final)
         for cand in cands:
             inp.candidates += 1
             known = inp.same.get(cand.raw)
@@ -188,6 +221,31 @@ class Triage:
             self._open_windows(inp)
             self._read_windows(inp, final)
         return len(cands)
+
+    @staticmethod
+    def _within_budget(
+        inp: _Input, cands: list[Candidate], budget: int, final: bool
+    ) -> list[Candidate]:
+        """The candidates to read now, within the budget.
+
+        The first ones of the budget are read as they come; of the rest, the last fifth of the
+        budget is held until the input ends (where its failure usually is).
+        """
+        tail = max(1, budget // 5)
+        head = budget - tail
+        out: list[Candidate] = []
+        for cand in cands:
+            if inp.candidates + len(out) < head:
+                out.append(cand)
+                continue
+            inp.held.append(cand)
+            if len(inp.held) > tail:
+                inp.held.popleft()
+                inp.skipped += 1
+        if final:
+            out.extend(inp.held)
+            inp.held.clear()
+        return out
 
     def _open_windows(self, inp: _Input) -> None:
         """A window around each failure read since last time (overlapping ones merged)."""
@@ -287,9 +345,32 @@ class Triage:
             signals.extend(_with_file_rank(sigs, inp) if len(inputs) > 1 else sigs)
             unparsed.extend(inp.parser.unparsed)
         ends = {i.source: i.scanner.lines for i in inputs}
-        return build_report(
+        report = build_report(
             self.source, self.ruleset, self.events(), signals, self.lines, unparsed, ends
         )
+        report.notes = [note for inp in inputs for note in _notes(inp, len(inputs) > 1)]
+        return report
+
+
+def _notes(inp: _Input, named: bool) -> list[str]:
+    """What a reader of the report should know about how an input was read."""
+    where = f"{inp.source}: " if named else ""
+    notes = []
+    if inp.scanner.bytes == 0:
+        notes.append(f"{where}empty input (0 bytes)")
+    elif inp.nul_bytes > max(1, inp.sniffed // 20):
+        notes.append(
+            f"{where}binary data, not a text log ({inp.nul_bytes:,} control bytes in the "
+            f"first {inp.sniffed:,}): is it the right file, or a compressed format not "
+            "recognised?"
+        )
+    if inp.skipped:
+        read = inp.candidates
+        notes.append(
+            f"{where}{inp.skipped:,} of {read + inp.skipped:,} candidate lines were skipped "
+            f"(the budget reads the first and the last ones; --max-candidates to read more)"
+        )
+    return notes
 
 
 def _signals_of(inp: _Input) -> list[Event]:
@@ -365,14 +446,21 @@ def feed_file(
     triage.close(name)
 
 
-def triage_path(path: str, ruleset: Ruleset, stdin: IO[bytes] | None = None) -> Report:
+def triage_path(
+    path: str,
+    ruleset: Ruleset,
+    stdin: IO[bytes] | None = None,
+    max_candidates: int | None = MAX_CANDIDATES,
+) -> Report:
     """Triage one input: a path, ``-`` for stdin, plain or compressed.
+
+    ``max_candidates`` bounds the work on a huge dense log (see :class:`Triage`).
 
     Raises:
         InputError: the input cannot be read.
     """
     name = display_name(path)
-    triage = Triage(ruleset, name)
+    triage = Triage(ruleset, name, max_candidates=max_candidates)
     feed_file(triage, path, name, stdin)
     return triage.report()
 
@@ -388,10 +476,15 @@ def triage_job(paths: list[str], ruleset: Ruleset, name: str | None = None) -> R
         InputError: one of the files cannot be read.
     """
     source = name or (paths[0] if len(paths) == 1 else f"{len(paths)} files")
-    triage = Triage(ruleset, source)
+    triage = Triage(ruleset, source, max_candidates=job_budget(len(paths)))
     for path in paths:
         feed_file(triage, path)
     return triage.report()
+
+
+def job_budget(files: int) -> int:
+    """The candidate lines read per file of a job of ``files`` files: one budget per job."""
+    return max(MIN_FILE_CANDIDATES, MAX_CANDIDATES // max(1, files))
 
 
 def triage_text(text: str, ruleset: Ruleset, source: str = "<text>") -> Report:

@@ -178,12 +178,24 @@ def _recursive_glob(pattern: str) -> list[InputFile]:
     root = head.rsplit("/", 1)[0] if "/" in head else "."
     regex = _glob_regex(pattern if root != "." or pattern.startswith("./") else "./" + pattern)
     walked = _walk(root or "/", ("*",))
-    out = [
-        f for f in walked if f.error or regex.fullmatch(f.name if root != "." else "./" + f.name)
-    ]
+
+    def matches(f: InputFile) -> bool:
+        return regex.fullmatch(f.name if root != "." else "./" + f.name) is not None
+
+    # a broken link is reported when the pattern names it; a directory that cannot be read
+    # (a loop, no permission) always, since files that match may be inside it
+    out = [f for f in walked if matches(f) or (f.error and _directory_error(f.error))]
     if not any(f.error is None for f in out):
         out.append(InputFile(pattern, pattern, error=f"{pattern}: no file matches this pattern"))
     return out
+
+
+def _directory_error(message: str) -> bool:
+    return (
+        ": cannot list:" in message
+        or ": directory loop" in message
+        or message.endswith(("Permission denied", "No such file or directory"))
+    )
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:

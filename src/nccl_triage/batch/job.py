@@ -25,7 +25,7 @@ from nccl_triage.batch.inputs import (
 from nccl_triage.errors import InputError, TemplateError
 from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
 from nccl_triage.model import Event, Report
-from nccl_triage.pipeline import Triage
+from nccl_triage.pipeline import Triage, job_budget
 from nccl_triage.ruleset import Ruleset
 
 # ----------------------------------------------------------------------------- one job
@@ -40,7 +40,7 @@ def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
     their rank get the file's rank: the one rank its lines name, or the layout's.
     """
     errors: list[list[Any]] = [[i, f.error, "access"] for i, f in enumerate(job.files) if f.error]
-    triage = Triage(ruleset, job.name)
+    triage = Triage(ruleset, job.name, max_candidates=job_budget(len(job.files)))
     heads: list[str] = []
     read = 0
     for i, f in enumerate(job.files):
@@ -119,7 +119,7 @@ def _result(
 
     index = {f.name: i for i, f in enumerate(job.files)}
     facts = report.facts
-    notes: list[str] = []
+    notes: list[str] = list(report.notes)
     diagnoses = []
     for f in report.findings:
         try:

@@ -155,7 +155,7 @@ def run_batch(
                 continue
             hit = cache.get(keys[job.name]) if job.name in keys else None
             if hit is not None:
-                outcomes[job.name] = Outcome(job, hit, cached=True)
+                outcomes[job.name] = Outcome(job, _renamed(hit, job), cached=True)
                 stats.cached += 1
                 continue
         todo.append(job)
@@ -165,7 +165,7 @@ def run_batch(
             outcomes[job.name] = Outcome(job, result)
             stats.triaged += 1
             if cache is not None and job.name in keys and _cacheable(result):
-                cache.put(keys[job.name], result)
+                cache.put(keys[job.name], {**result, "file_names": [f.name for f in job.files]})
                 if stats.triaged % 500 == 0:
                     cache.commit()
     finally:
@@ -199,6 +199,29 @@ def _hashed(job: Job, cache: ResultCache, keys: dict[str, str]) -> Job:
 
 def _cacheable(result: JobResult) -> bool:
     return all(entry[2] == "content" for entry in result.get("errors", []))
+
+
+def _renamed(result: JobResult, job: Job) -> JobResult:
+    """A cached result, naming this job's files where it named those it was made from.
+
+    The same bytes may have been cached under another path.
+    """
+    old = result.pop("file_names", None)
+    if not isinstance(old, list) or len(old) != len(job.files):
+        return result
+    pairs = [(o, f.name) for o, f in zip(old, job.files, strict=True) if o != f.name]
+    if not pairs:
+        return result
+
+    def rename(text: str) -> str:
+        for before, after in pairs:
+            text = text.replace(before, after)
+        return text
+
+    out = dict(result)
+    out["errors"] = [[e[0], rename(str(e[1])), *e[2:]] for e in result.get("errors", [])]
+    out["notes"] = [rename(str(n)) for n in result.get("notes", [])]
+    return out
 
 
 def _unreadable(job: Job) -> JobResult:

@@ -88,15 +88,15 @@ def watch(
     disable: tuple[str, ...],
     color: bool | None,
 ) -> None:
-    r"""Pass standard input through unchanged and diagnose it as it goes.
+    """Pass standard input through unchanged and diagnose it as it goes.
 
     \b
         torchrun --nproc-per-node 8 train.py 2>&1 | nccl-triage watch
 
     Every byte reaches stdout at once, whatever it is. A diagnosis goes to stderr within a
     second of the line that completes it, again when the picture changes, and a final one at
-    the end of input. Exit status as `triage`; 130 after Ctrl-C.
-    """
+    the end of input. Exit status as `triage`; 130 after Ctrl-C, 143 after SIGTERM.
+    """  # noqa: D301 - click's no-rewrap marker is the \b (backspace) character itself
     config = _config("<stdin>", report_path, fmt, rule_dirs, only, disable, color)
     link = start_analyser(config)
     sys.exit(watch_stream(link))
@@ -129,7 +129,7 @@ def run(
     color: bool | None,
     command: tuple[str, ...],
 ) -> None:
-    r"""Run CMD, pass its stdout and stderr through, and diagnose it when it ends.
+    """Run CMD, pass its stdout and stderr through, and diagnose it when it ends.
 
     \b
         nccl-triage run --log job.log.zst -- torchrun --nproc-per-node 8 train.py
@@ -137,7 +137,7 @@ def run(
     SIGINT and SIGTERM (and SIGHUP, SIGQUIT, SIGUSR1/2) go to the command's process group.
     Diagnoses appear on stderr while it runs (as with `watch`) and once more when it exits.
     The exit status is the command's own: 128+N when signal N ended it.
-    """
+    """  # noqa: D301 - click's no-rewrap marker is the \b (backspace) character itself
     name = os.path.basename(command[0]) or command[0]
     source = log_path if log_path else f"<{name}>"
     config = _config(source, report_path, fmt, rule_dirs, only, disable, color, command=name)

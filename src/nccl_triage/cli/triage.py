@@ -44,6 +44,14 @@ from nccl_triage.errors import TriageError
     default=None,
     help="Colour the text output (default: on a terminal, unless NO_COLOR is set).",
 )
+@click.option(
+    "--max-candidates",
+    type=click.IntRange(min=0),
+    default=500_000,
+    show_default=True,
+    help="Read at most this many candidate lines of each LOG (its first ones and its last "
+    "fifth); the report says how many it skipped. 0 reads them all.",
+)
 def triage(
     logs: tuple[str, ...],
     fmt: str,
@@ -52,6 +60,7 @@ def triage(
     disable: tuple[str, ...],
     explain: bool,
     color: bool | None,
+    max_candidates: int,
 ) -> None:
     """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
     from nccl_triage.pipeline import triage_path
@@ -67,7 +76,7 @@ def triage(
     with quiet_broken_pipe():
         for path in logs:
             try:
-                report = triage_path(path, ruleset)
+                report = triage_path(path, ruleset, max_candidates=max_candidates)
                 if fmt == "json":
                     text = render_json_line(report, ruleset.template_dirs) + "\n"
                 elif fmt == "markdown":
@@ -80,6 +89,9 @@ def triage(
                 continue
             read_any = True
             failed = failed or report.verdict != "clean"
+            for note in report.notes:
+                if "empty input" in note or "binary data" in note:
+                    error(f"{report.source}: {note}")
             out.write(text)
             if explain and report.correlation is not None:
                 out.write(_explain(report.correlation))

@@ -218,8 +218,10 @@ class AnalyserConfig:
 def start_analyser(config: AnalyserConfig) -> AnalyserLink | None:
     """Start the analyser process; None (after a one-line message) when it cannot start.
 
-    It inherits standard error (for its reports) and ignores Ctrl-C: the pump decides when the
-    input ends, and the analyser then makes its final report.
+    It inherits standard error (for its reports), ignores Ctrl-C and runs in its own session,
+    so that a signal sent to our process group (a terminal's Ctrl-C, GNU ``timeout``, a job
+    scheduler) does not reach it: the pump decides when the input ends, and the analyser then
+    makes its final report.
     """
     code = (
         "import sys; from nccl_triage.live.analyser import analyser_main; sys.exit(analyser_main())"
@@ -231,6 +233,7 @@ def start_analyser(config: AnalyserConfig) -> AnalyserLink | None:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             bufsize=0,
+            start_new_session=True,
         )
     except OSError as exc:
         say(f"cannot start the analysis ({exc.strerror or exc}); passing output through only")

@@ -31,17 +31,23 @@ from nccl_triage.live.triage import (
 # ----------------------------------------------------------------------------- the pump
 
 
+SAME_SIGNAL_S = 0.5
+
+
 class _Signals:
     """Signals turned into events of the poll loop (a self-pipe), never into exceptions.
 
     A second SIGINT or SIGTERM while one is being handled raises KeyboardInterrupt, so that
     a user can always get out, even of a write that the reader of our output never takes.
+    The same signal again within :data:`SAME_SIGNAL_S` is one signal sent twice: GNU
+    ``timeout`` signals the process and then its process group.
     """
 
     def __init__(self, signums: Sequence[int], escalate: bool) -> None:
         self.received: list[int] = []
         self._escalate = escalate
         self._stops = 0
+        self._first: tuple[int, float] | None = None
         self._r, self._w = os.pipe()
         for fd in (self._r, self._w):
             os.set_blocking(fd, False)
@@ -51,6 +57,11 @@ class _Signals:
 
     def _handle(self, signum: int, frame: object) -> None:
         if signum in (signal.SIGINT, signal.SIGTERM):
+            now = time.monotonic()
+            first = self._first
+            if first is not None and first[0] == signum and now - first[1] < SAME_SIGNAL_S:
+                return  # the same signal delivered twice (to us, then to our group)
+            self._first = self._first or (signum, now)
             self._stops += 1
             if self._escalate and self._stops > 1:
                 raise KeyboardInterrupt

@@ -106,6 +106,7 @@ class Report:
     lines: int = 0
     unparsed: list[Unparsed] = field(default_factory=list)
     correlation: Correlation | None = None
+    notes: list[str] = field(default_factory=list)  # about the input: empty, binary, skipped
 
     def culprit(self) -> tuple[int | None, Event | None]:
         """The rank most likely at fault, and the line that shows it.

@@ -40,6 +40,7 @@ def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]
         "schema": SCHEMA,
         "source": report.source,
         "verdict": report.verdict,
+        "notes": list(report.notes),
         "diagnoses": diagnoses,
         "events": [e.to_dict() for e in report.events],
         "summary": {
@@ -72,10 +73,12 @@ def render_text(report: Report, template_dirs: Sequence[Path], color: bool = Fal
         return f"\x1b[{code}m{text}\x1b[0m" if color else text
 
     lines: list[str] = []
+    notes = [f"   note: {note}" for note in report.notes]
     if report.verdict == "clean":
         lines.append(paint(headline(report), "32"))
-        return "\n".join(lines) + "\n"
+        return "\n".join([*lines, *notes]) + "\n"
     lines.append(paint(headline(report), "1"))
+    lines.extend(notes)
     lines.append(_summary_line(report))
     for i, f in enumerate(report.findings, 1):
         sev = f.rule.severity.value
@@ -150,10 +153,12 @@ def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
     out = [f"### nccl-triage: `{headline(report)}`", ""]
     if report.verdict == "clean":
         out.append(f"No NCCL failure in {report.lines} lines.")
+        out += [f"> note: {note}" for note in report.notes]
         return "\n".join(out) + "\n"
     summary = _summary_line(report).strip()
     if summary:
         out += [summary, ""]
+    out += [f"> note: {note}" for note in report.notes] + ([""] if report.notes else [])
     for i, f in enumerate(report.findings, 1):
         out.append(
             f"**{i}. {f.rule.title}** — cause `{f.rule.cause}`, confidence {f.confidence:.2f} (rule `{f.rule.id}`)"
