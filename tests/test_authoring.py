@@ -183,7 +183,7 @@ def test_lint_reports_every_problem_of_every_file_in_order(tmp_path: Path) -> No
         f"{rule_file(d)}:4",
         f"{d / 'signals' / 's3_upload_stall.yaml'}:5",
     ]
-    assert "cause 'cosmic_rays' is not in spec/causes.md" in problems[0]
+    assert "cause 'cosmic_rays' is not in docs/causes.md" in problems[0]
     assert "RE2" in problems[2]
 
 
@@ -372,7 +372,7 @@ def test_scaffold_writes_files_whose_examples_pass_at_once(tmp_path: Path) -> No
 def test_scaffold_refuses_bad_input_and_existing_files(tmp_path: Path) -> None:
     with pytest.raises(TriageError, match="kebab-case"):
         authoring.scaffold("S3_Stall", "slow_checkpoint_save", tmp_path)
-    with pytest.raises(TriageError, match=r"not in spec/causes\.md"):
+    with pytest.raises(TriageError, match=r"not in docs/causes\.md"):
         authoring.scaffold("s3-stall", "cosmic_rays", tmp_path)
     with pytest.raises(TriageError, match="built-in signal"):
         authoring.scaffold("checkpoint-save", "slow_checkpoint_save", tmp_path)

@@ -95,7 +95,7 @@ def test_cause_outside_taxonomy(tmp_path: Path) -> None:
     )
     msg = load_error(d)
     assert (
-        "team-rule.yaml:3: cause 'cosmic_rays' is not in spec/causes.md (expected one of: slow_checkpoint_save"
+        "team-rule.yaml:3: cause 'cosmic_rays' is not in docs/causes.md (expected one of: slow_checkpoint_save"
         in msg
     )
 

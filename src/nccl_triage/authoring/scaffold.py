@@ -12,9 +12,9 @@ from pathlib import Path
 
 from nccl_triage.authoring.lint import PLACEHOLDER
 from nccl_triage.errors import TriageError
+from nccl_triage.model.causes import CAUSES
 from nccl_triage.ruleset import builtin_dirs, collect_ruleset
 from nccl_triage.ruleset.shapes import (
-    CAUSES,
     EVENT_KINDS,
     SHAPES,
 )
@@ -64,7 +64,7 @@ def scaffold(
         )
     if cause not in CAUSES:
         raise TriageError(
-            "rules new", f"cause '{cause}' is not in spec/causes.md ({', '.join(CAUSES)})"
+            "rules new", f"cause '{cause}' is not in docs/causes.md ({', '.join(CAUSES)})"
         )
     severities = rule_shape.key("severity").values
     if severity not in severities:

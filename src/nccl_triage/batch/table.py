@@ -30,7 +30,7 @@ COLUMNS = (
     "inputs",  # the job's files, separated by ";"
     "files",
     "verdict",  # clean | nccl_timeout | nccl_error; empty when no file could be read
-    "cause",  # the top diagnosis's cause (spec/causes.md); "none" when clean
+    "cause",  # the top diagnosis's cause (docs/causes.md); "none" when clean
     "rule",
     "severity",
     "confidence",

@@ -28,6 +28,7 @@ _COMMANDS = {
     "batch": "nccl_triage.cli.batch:batch",
     "rules": "nccl_triage.cli.rules:rules",
     "fr": "nccl_triage.cli.fr:fr",
+    "docs": "nccl_triage.cli.docs:docs",
 }
 DEBUG_ENV = "NCCL_TRIAGE_DEBUG"
 
@@ -84,7 +85,12 @@ def _debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         os.environ[DEBUG_ENV] = "1"
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="The causes a diagnosis names: nccl-triage docs causes (docs/causes.md). The JSON "
+    "report and exit status: nccl-triage docs json-output (docs/json-output.md).",
+)
 @click.version_option(__version__, prog_name="nccl-triage")
 @click.option(
     "--debug",

@@ -3,7 +3,7 @@
 Input: paths, directories, globs and URLs of archived job logs, and the options below.
 Output: the job table on stdout (or ``--out FILE``), the summary on stdout, ``--html FILE``,
 one warning on stderr per input that could not be read, a progress bar on a terminal, and the
-exit status of ``spec/json-output.md``: 0 when every job read is clean, 1 when a failure was
+exit status of ``docs/json-output.md``: 0 when every job read is clean, 1 when a failure was
 diagnosed, 2 for a usage error or when no input could be read at all. The work is done by
 :mod:`nccl_triage.batch`, imported only when the command runs.
 """

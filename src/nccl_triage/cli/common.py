@@ -77,7 +77,7 @@ def load_rules(
 
 
 def exit_status(read_any: bool, unreadable: bool, failed: bool) -> int:
-    """The exit status of spec/json-output.md for a command over several inputs.
+    """The exit status of docs/json-output.md for a command over several inputs.
 
     0 only when every input was read and is clean; 1 when a failure was diagnosed; 2 when no
     input could be read, or when one could not and nothing else was found (an unread input

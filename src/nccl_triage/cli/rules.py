@@ -100,7 +100,7 @@ def lint(dirs: tuple[str, ...]) -> None:
     """Check rule directories (default: the built-ins and NCCL_TRIAGE_RULES).
 
     Every problem of every file is printed as file:line: message: unknown or missing keys,
-    duplicate keys, causes outside spec/causes.md, ids unique and equal to file names, patterns
+    duplicate keys, causes outside docs/causes.md, ids unique and equal to file names, patterns
     RE2 cannot compile, templates that do not render on a matching example, examples of both
     kinds, a reference URL. Exit 1 if there is any.
     """
@@ -208,7 +208,7 @@ def test(
     "--cause",
     required=True,
     type=click.Choice(CAUSES),
-    help="The root cause the rule diagnoses (spec/causes.md).",
+    help="The root cause the rule diagnoses (docs/causes.md).",
 )
 @click.option(
     "--dir",

@@ -19,7 +19,7 @@ from nccl_triage.render.text import clip
 
 
 def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]:
-    """The report object of ``spec/json-output.md``."""
+    """The report object of ``docs/json-output.md``."""
     diagnoses = []
     for f in report.findings:
         evidence = [{"line": e.line, "rank": e.rank, "text": e.text} for e in _evidence_events(f)]

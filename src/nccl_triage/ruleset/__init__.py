@@ -8,6 +8,7 @@ pattern. :mod:`~nccl_triage.ruleset.shapes` declares the format once;
 and builds one file; :mod:`~nccl_triage.ruleset.loader` loads directories.
 """
 
+from nccl_triage.model.causes import CAUSES
 from nccl_triage.ruleset.loader import (
     Ruleset,
     builtin_dirs,
@@ -15,7 +16,7 @@ from nccl_triage.ruleset.loader import (
     load_ruleset,
     source_dirs,
 )
-from nccl_triage.ruleset.shapes import CAUSES, SHAPES
+from nccl_triage.ruleset.shapes import SHAPES
 
 __all__ = [
     "CAUSES",

@@ -27,9 +27,9 @@ from nccl_triage.model import (
     Severity,
     Signal,
 )
+from nccl_triage.model.causes import CAUSES
 from nccl_triage.ruleset.safeyaml import YamlMap, YamlSeq, load_yaml
 from nccl_triage.ruleset.shapes import (
-    CAUSES,
     CLAUSE_KEYS,
     DIRECTIONS,
     EXAMPLE_KEYS,
@@ -232,7 +232,7 @@ def load_rule(path: Path) -> tuple[Rule | None, list[str]]:
     if cause is not None and cause not in CAUSES:
         check.add(
             check.line_of(data, "cause"),
-            f"cause '{cause}' is not in spec/causes.md (expected one of: {', '.join(CAUSES)})",
+            f"cause '{cause}' is not in docs/causes.md (expected one of: {', '.join(CAUSES)})",
         )
     rule_shape = SHAPES["rule"]
     sev_raw = data.get("severity", Severity.MEDIUM.value)

@@ -12,23 +12,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nccl_triage.model import Direction, JobFacts, Kind, Operator, Severity
+from nccl_triage.model.causes import CAUSES
 from nccl_triage.model.fields import CONTEXT_KINDS
 
 # docs/causes.md: the only values a diagnosis's cause may take.
-CAUSES = (
-    "slow_checkpoint_save",
-    "oom_hidden",
-    "rank_crashed",
-    "generate_zero3",
-    "network_interface_misconfig",
-    "network_fabric_failure",
-    "rank_desync_or_mismatched_collective",
-    "straggler_or_slow_rank",
-    "hardware_gpu_fault",
-    "version_or_driver_incompatibility",
-    "timeout_too_short",
-    "unknown",
-)
 
 # ----------------------------------------------------------------------------- the file format
 # One declarative description of rule and signal files. The loader takes its key sets, required
@@ -114,7 +101,7 @@ SHAPES: dict[str, Shape] = {
                     pattern=r"^[a-z0-9]+(?:-[a-z0-9]+)*$",
                 ),
                 Key("title", "text", "one line: what went wrong", required=True),
-                Key("cause", "choice", "the root cause (spec/causes.md)", True, CAUSES),
+                Key("cause", "choice", "the root cause (docs/causes.md)", True, CAUSES),
                 Key(
                     "severity",
                     "choice",
