@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -583,13 +584,14 @@ def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> Non
     real = messages.parse_tree
     monkeypatch.setattr(messages, "parse_tree", lambda text: calls.append(text) or real(text))
     messages._parse_once.cache_clear()
+    messages._shapes.clear()
     line = (
         "[rank0]:[E1121 10:11:12.123456789 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
         "collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=4194304, "
         "NumelOut=4194304, Timeout(ms)=600000) ran for 600051 milliseconds before timing out.\n"
     )
     result = parse_text(line * 40_000)
-    assert len(calls) == 1
+    assert len(calls) == 2  # the message, and once more its shape (numbers as sentinels)
     assert len(result.events) == 1 and result.lines == 40_000
 
 
@@ -633,3 +635,45 @@ def test_nccl_error_wrapped_where_its_comma_was() -> None:
     )
     [ev] = parse_text(text).events
     assert ev.kind == "nccl_error" and ev.detail.get("nccl_version") == "2.19.3"
+
+
+def _reference_messages() -> list[str]:
+    import yaml
+
+    from nccl_triage.model import Line
+    from nccl_triage.parse.anatomy import peel
+
+    path = Path(__file__).parent / "data" / "reference_examples.yaml"
+    data = yaml.safe_load(path.read_text("utf-8"))
+    lines = [
+        e["line"]
+        for section in data.values()
+        for e in section
+        if isinstance(e, dict) and isinstance(e.get("line"), str)
+    ]
+    # and the lines of the mined logs that hold an anchor: real messages of every family
+    from nccl_triage.parse.lines import ANCHOR_RE
+
+    for log in sorted((Path(__file__).parent / "corpus").glob("*/*.log")):
+        text = log.read_text("utf-8", errors="replace")
+        lines += [line for line in text.splitlines() if ANCHOR_RE.search(line)][:20]
+    return sorted({peel(Line("x", 1, text)).message for text in lines})
+
+
+REFERENCE_MESSAGES = _reference_messages()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(REFERENCE_MESSAGES), st.lists(st.integers(0, 10**12), min_size=1))
+def test_a_message_read_by_its_shape_is_the_grammars_reading(
+    message: str, numbers: list[int]
+) -> None:
+    """Another message of a learnt shape (other numbers) gets exactly what the grammar gives."""
+    import re
+
+    from nccl_triage.parse import messages
+
+    parse_message(message)  # learns the shape
+    values = iter(numbers * 100)
+    other = re.sub(r"\d+", lambda m: str(next(values)), message)
+    assert parse_message(other) == messages._parse(other, None)

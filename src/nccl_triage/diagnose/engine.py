@@ -52,9 +52,10 @@ def correlate(
         if is_failure(ev):
             by_kind.setdefault(ANY_FAILURE, []).append(ev)
     fact_values = facts.to_dict()
+    own = frozenset((e.source, e.line) for e in by_kind.get(ANY_FAILURE, []))
     out = Correlation()
     for rule in rules:
-        finding, reason = _evaluate(rule, by_kind, fact_values, ends or {})
+        finding, reason = _evaluate(rule, by_kind, fact_values, ends or {}, own)
         out.explanations.append(Explanation(rule, finding is not None, reason, finding))
         if finding is not None:
             out.findings.append(finding)
@@ -68,7 +69,11 @@ MAX_TRIGGERS = 256  # triggers tried per rule (the events are deduplicated: a jo
 
 
 def _evaluate(
-    rule: Rule, by_kind: dict[str, list[Event]], facts: dict[str, Any], ends: Mapping[str, int]
+    rule: Rule,
+    by_kind: dict[str, list[Event]],
+    facts: dict[str, Any],
+    ends: Mapping[str, int],
+    own: frozenset[tuple[str, int]] = frozenset(),
 ) -> tuple[Finding | None, str]:
     for cond in rule.facts:
         if not holds(cond, facts.get(cond.field)):
@@ -87,7 +92,7 @@ def _evaluate(
     best: Finding | None = None
     last_reason = ""
     for trigger in triggers[:MAX_TRIGGERS]:
-        finding, reason = _try(rule, trigger, by_kind, ends, culprits, timed_out)
+        finding, reason = _try(rule, trigger, by_kind, ends, culprits, timed_out, own)
         if finding is None:
             last_reason = reason
         elif best is None or finding.confidence > best.confidence + 0.005:
@@ -104,7 +109,9 @@ def _try(
     ends: Mapping[str, int],
     culprits: set[int],
     timed_out: set[int],
+    own: frozenset[tuple[str, int]] = frozenset(),
 ) -> tuple[Finding | None, str]:
+    """Try one trigger: ``own`` are the lines of the failures themselves (``outside_nccl``)."""
     evidence: list[Event] = []
     weights: list[Weight] = []
     names: dict[str, int] = {}
@@ -115,7 +122,6 @@ def _try(
         if clause.running:
             hits = [c for c in hits if _running(c, trigger) is not False]
         if clause.outside_nccl:
-            own = {(e.source, e.line) for evs in by_kind.values() for e in evs if is_failure(e)}
             hits = [c for c in hits if (c.source, c.line) not in own]
         if clause.present and not hits:
             if clause.optional:

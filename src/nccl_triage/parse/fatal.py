@@ -77,6 +77,8 @@ def fatal_head(message: str) -> str | None:
 
     Open MPI names the signal on the next line: its head gives ``?`` until that is read.
     """
+    if "ignal" not in message and "SIG" not in message and "Fatal" not in message:
+        return None  # most lines: no need for the search
     m = HEAD.search(message)
     if m is None:
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any
 
 from lark import Token
 
@@ -60,17 +61,99 @@ def parse_message(message: str, head_before: int | None = None) -> Fields | None
     With ``head_before``, only a head starting before that offset counts (the message's own
     line, when continuation lines were appended to it).
 
-    A message seen before is not parsed again: logs repeat the same message thousands of
-    times (every rank's watchdog, a retry loop), and the grammar is the costly step.
+    A message seen before is not parsed again, and neither is one that differs from a message
+    seen before only in its numbers (:func:`_by_shape`): logs repeat the same messages
+    thousands of times (every rank's watchdog line, each with its SeqNum; a retry loop), and
+    the grammar is the costly step.
     """
     if len(message) > _CACHED_LENGTH:  # a long glued line: rare, and it would fill the cache
         fields = _parse(message, head_before)
+    elif head_before is None:
+        fields = _by_shape(message)
     else:
         fields = _parse_once(message, head_before)
     return None if fields is None else dict(fields)
 
 
 _CACHED_LENGTH = 2048
+
+# A message's shape: the message with each run of digits made "#". Messages of one shape parse
+# alike, their numbers landing in the same fields, unless a field is computed from a number
+# (a signal's name from its number): a shape is learnt from its first message by parsing it
+# a second time with every number replaced by a sentinel, and trusted only when the sentinel
+# fields, given back the real numbers, are the real fields. Later messages of a trusted shape
+# get the sentinel fields with their own numbers, without the grammar.
+_DIGITS = re.compile(r"\d+")
+_SENTINEL_BASE = 7_100_000_000
+_SENTINEL = re.compile(r"71\d{8}")
+_MAX_SHAPES = 8192
+_UNTRUSTED = object()
+_shapes: dict[str, object] = {}
+
+
+def _by_shape(message: str) -> Fields | None:
+    runs = _DIGITS.findall(message)
+    if not runs or len(runs) > 99:
+        return _parse_once(message, None)
+    shape = _DIGITS.sub("#", message)
+    learnt = _shapes.get(shape)
+    if learnt is _UNTRUSTED:
+        return _parse_once(message, None)
+    if learnt is not None or shape in _shapes:
+        if learnt is None:
+            return None
+        template: Fields
+        numbered: tuple[str, ...]
+        template, numbered = learnt  # type: ignore[misc]
+        out = dict(template)
+        for key in numbered:
+            out[key] = _fill(template[key], runs)
+        return out
+    real = _parse_once(message, None)
+    if len(_shapes) >= _MAX_SHAPES:
+        _shapes.clear()
+    _shapes[shape] = _learn(message, runs, real)
+    return real
+
+
+def _learn(message: str, runs: list[str], real: Fields | None) -> object:
+    """The sentinel fields of a message's shape, or ``_UNTRUSTED``."""
+    numbers = iter(range(len(runs)))
+    marked = _DIGITS.sub(lambda _m: str(_SENTINEL_BASE + next(numbers)), message)
+    template = _parse(marked, None)
+    if template is None or real is None:
+        return None if template is None and real is None else _UNTRUSTED
+    if _fill(template, runs) != real:
+        return _UNTRUSTED
+    numbered = tuple(k for k, v in template.items() if _fill(v, ["0"] * len(runs)) != v)
+    return template, numbered
+
+
+def _fill(value: Any, runs: list[str]) -> Any:
+    """A template's value with each sentinel made the number it stands for."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        i = abs(value) - _SENTINEL_BASE
+        if 0 <= i < len(runs):
+            return int(runs[i]) if value >= 0 else -int(runs[i])
+        return value
+    if isinstance(value, str):
+        if "71" not in value:
+            return value
+        return _SENTINEL.sub(lambda m: _number(m[0], runs), value)
+    if isinstance(value, dict):
+        return {k: _fill(v, runs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, runs) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_fill(v, runs) for v in value)
+    return value
+
+
+def _number(sentinel: str, runs: list[str]) -> str:
+    i = int(sentinel) - _SENTINEL_BASE
+    return runs[i] if 0 <= i < len(runs) else sentinel
 
 
 @lru_cache(maxsize=16384)
