@@ -45,6 +45,7 @@ references: [https://wiki.example.org/s3-sync]
 examples:
   - name: stall-then-timeout
     expect: match
+    evidence: ['Watchdog caught collective operation timeout', 's3-sync: upload stalled for 612 s']
     log: |
       [rank0]: s3-sync: upload stalled for 612 s
       {TIMEOUT}
@@ -322,14 +323,10 @@ def test_file_examples_are_relative_to_the_rule_file(tmp_path: Path) -> None:
 
 
 def test_match_examples_pin_the_lines_the_finding_quotes(tmp_path: Path) -> None:
-    pinned = RULE.replace(
-        "    expect: match\n", "    expect: match\n    evidence: 'upload stalled for 612 s'\n", 1
-    )
+    pinned = RULE.replace("s3-sync: upload stalled for 612 s']", "upload stalled for 612 s']", 1)
     run = authoring.run_tests([team(tmp_path / "a", **{"s3-upload-stall.yaml": pinned})])
     assert (run.passed, run.failed) == (2, 0)
-    wrong = RULE.replace(
-        "    expect: match\n", "    expect: match\n    evidence: 'upload finished'\n", 1
-    )
+    wrong = RULE.replace("s3-sync: upload stalled for 612 s']", "upload finished']", 1)
     run = authoring.run_tests([team(tmp_path / "b", **{"s3-upload-stall.yaml": wrong})])
     assert run.failed == 1
     assert "does not quote 'upload finished'" in next(
@@ -543,3 +540,16 @@ def test_schema_json_is_valid_json_with_both_file_kinds() -> None:
     schema = json.loads(authoring.schema_json())
     assert schema["if"] == {"required": ["patterns"]}
     assert {"rule", "signal", "clause", "example", "pattern"} <= set(schema["definitions"])
+
+
+def test_lint_asks_a_match_example_to_pin_what_the_finding_quotes(tmp_path: Path) -> None:
+    unpinned = RULE.replace(
+        "    evidence: ['Watchdog caught collective operation timeout', "
+        "'s3-sync: upload stalled for 612 s']\n",
+        "",
+    )
+    assert unpinned != RULE
+    result = authoring.lint([team(tmp_path, **{"s3-upload-stall.yaml": unpinned})])
+    [problem] = result.problems
+    assert "examples[0] 'stall-then-timeout': a 'match' example pins the lines" in problem
+    assert "it quotes: [rank1]:[E611" in problem and "s3-sync: upload stalled for 612 s" in problem

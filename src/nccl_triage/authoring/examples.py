@@ -27,6 +27,7 @@ class ExampleResult:
     message: str
     reason: str = ""  # why the rule did or did not fire (the engine's explanation)
     advice: str | None = None  # the advice, rendered when the rule fired
+    quoted: tuple[str, ...] = ()  # the lines the finding quotes (trigger first) when it fired
 
     @property
     def id(self) -> str:
@@ -56,14 +57,15 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
             )
             assert finding is not None
             advice = render_advice(finding, report.facts, ruleset.template_dirs)
-            quoted = [ev.text for ev in (finding.trigger, *finding.evidence)]
+            quoted = tuple(ev.text for ev in (finding.trigger, *finding.evidence))
             missing = [part for part in example.evidence if not any(part in q for q in quoted)]
             if missing:
                 message = (
                     f"{rule.id} fired but does not quote {missing[0]!r}; it quotes: "
                     + " | ".join(q[:100] for q in quoted)
                 )
-                return ExampleResult(rule, example, False, fired, message, why, advice)
+                return ExampleResult(rule, example, False, fired, message, why, advice, quoted)
+            return ExampleResult(rule, example, True, fired, message, why, advice, quoted)
     else:
         message = (
             f"expected {rule.id} to {'fire' if want else 'stay silent'}, "

@@ -199,7 +199,7 @@ def _lint_rule(rule: Rule, ruleset: Ruleset) -> list[str]:
         if example.expect != "match":
             continue
         try:
-            run_example(rule, example, ruleset)
+            result = run_example(rule, example, ruleset)
         except TemplateError as exc:
             out.append(
                 f"{example.source}: examples[{i}] '{example.name}': the advice does not render: "
@@ -207,6 +207,16 @@ def _lint_rule(rule: Rule, ruleset: Ruleset) -> list[str]:
             )
         except TriageError as exc:
             out.append(f"{example.source}: examples[{i}] '{example.name}': {exc}")
+            continue
+        if not example.evidence:
+            quoted = (
+                " | ".join(q.strip()[:100] for q in result.quoted) or "nothing (it did not fire)"
+            )
+            out.append(
+                f"{example.source}: examples[{i}] '{example.name}': a 'match' example pins the "
+                f"lines that prove the cause: add 'evidence:' with part of each line the finding "
+                f"must quote (it quotes: {quoted})"
+            )
     return out
 
 

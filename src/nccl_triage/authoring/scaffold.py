@@ -128,6 +128,9 @@ references:
 examples:
   - name: failure-then-timeout
     expect: match
+    evidence:  # part of each line the finding must quote: the trigger, then the evidence
+      - "Watchdog caught collective operation timeout"
+      - "{_STUB_LINE}"
     log: |
       {_STUB_LINE}
       {_TIMEOUT_LINE}

@@ -88,6 +88,7 @@ class WatchdogExceptionFields(TypedDict, total=False):
     cuda_error: str
     errstr: str
     inner_kind: str
+    message: str  # the inner error's text
     nccl_version: str
 
 
@@ -214,9 +215,10 @@ class WorkerFailedFields(TypedDict, total=False):
 
 
 class AgentSignalFields(TypedDict, total=False):
-    """torchrun's agent: closing signal sent, death signal received."""
+    """torchrun's agent: closing signal sent, death signal received, its worker group's state."""
 
     signal: str
+    state: str  # the worker group's state the agent reports (FAILED, SUCCEEDED, ...)
 
 
 class ChildFailedFields(TypedDict, total=False):
