@@ -553,3 +553,35 @@ def test_lint_asks_a_match_example_to_pin_what_the_finding_quotes(tmp_path: Path
     [problem] = result.problems
     assert "examples[0] 'stall-then-timeout': a 'match' example pins the lines" in problem
     assert "it quotes: [rank1]:[E611" in problem and "s3-sync: upload stalled for 612 s" in problem
+
+
+def test_libyaml_and_the_python_loader_read_every_rule_file_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nccl_triage.ruleset import safeyaml
+
+    root = Path(__file__).resolve().parents[1] / "rules"
+    bad = {
+        "alias.yaml": "a: &x [1, 2]\nb: *x\n",
+        "dup.yaml": "a: 1\nb: 2\na: 3\n",
+        "tag.yaml": "a: !!python/object/apply:os.system ['true']\n",
+        "broken.yaml": "a: [1\n",
+    }
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+    files = sorted(root.rglob("*.yaml")) + sorted(tmp_path.glob("*.yaml"))
+
+    def read_all() -> list[tuple[object, list[str], object]]:
+        out = []
+        for f in files:
+            data, problems = safeyaml.load_yaml(f)
+            # the same data, the same problems at the same lines (libyaml words syntax errors
+            # its own way)
+            where = [p.partition(" invalid YAML: ")[0] for p in problems]
+            out.append((data, where, safeyaml.line_of(data) if data is not None else None))
+        return out
+
+    fast = read_all()
+    monkeypatch.setattr(safeyaml, "_CBase", None)
+    assert read_all() == fast
+    assert sum(1 for _, problems, _ in fast if problems) == len(bad)
