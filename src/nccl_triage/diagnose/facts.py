@@ -17,6 +17,7 @@ is out of step when nothing says so.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -42,9 +43,13 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     child_root: Event | None = None
     worker_failures: list[Event] = []
     crashes: list[Event] = []
+    device_errors: set[object] = set()
     for ev in events:
         if ev.rank is not None:
             seen.add(ev.rank)
+        if ev.kind in _DEVICE_ERROR_KINDS and _DEVICE_ERROR.search(ev.text):
+            device_errors.add(_who(ev.rank, ev.text))
+            device_errors.update(_who(o.rank, o.text) for o in ev.occurrences)
         d = ev.detail
         n = d.get("nranks") if ev.kind == Kind.NCCL_INFO else d.get("expected")
         if isinstance(n, int):
@@ -75,6 +80,7 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         for evs in groups.values():
             evs.extend(unnamed)
     facts.ranks_seen = sorted(seen)
+    facts.device_error_processes = len(device_errors - {None})
     facts.ranks_timed_out = sorted(timed_out)
     facts.op_types = ops
     facts.nccl_versions = sorted(versions)
@@ -93,6 +99,27 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     _first_crash(facts, crashes)
     facts.culprit_ranks = _culprits(facts)
     return facts
+
+
+# Device-level CUDA errors as NCCL ("Cuda failure 700 'an illegal memory access ...'"), the
+# watchdog ("... terminated with exception: CUDA error: ...") or PyTorch report them.
+_DEVICE_ERROR = re.compile(
+    r"illegal memory access|illegal instruction|misaligned address|Cuda failure 7(?:00|15|16)\b"
+)
+_DEVICE_ERROR_KINDS = frozenset(
+    {Kind.CUDA_ERROR, Kind.NCCL_WARN, Kind.NCCL_ERROR, Kind.WATCHDOG_EXCEPTION, Kind.TERMINATE}
+)
+
+
+_ORIGIN = re.compile(r"([\w.-]+):(\d+):\d+ \[\d+\]")  # NCCL's host:pid:tid [device]
+
+
+def _who(rank: int | None, text: str) -> object:
+    """A process: its rank, else NCCL's host and pid on the line, else None (unknown)."""
+    if rank is not None:
+        return rank
+    m = _ORIGIN.search(text)
+    return (m[1], m[2]) if m else None
 
 
 def _count_timeout(facts: JobFacts, ev: Event) -> None:
@@ -125,7 +152,7 @@ def _in_step(facts: JobFacts, groups: dict[str, list[Event]]) -> None:
     if all_seqs:
         facts.min_seq, facts.max_seq = min(all_seqs), max(all_seqs)
     late: set[int] = set()
-    for group, evs in groups.items():
+    for group, evs in _unmixed(groups).items():
         by_seq: dict[int, list[Event]] = defaultdict(list)
         for e in evs:
             by_seq[e.seq or 0].append(e)
@@ -135,7 +162,7 @@ def _in_step(facts: JobFacts, groups: dict[str, list[Event]]) -> None:
                 facts.mismatched_collective = True
                 facts.mismatch.append(
                     {
-                        "pg": None if group == "default" else group.split(":", 1)[1],
+                        "pg": None if group.startswith("default") else group.split(":", 1)[1],
                         "seq": seq,
                         "ranks": {
                             str(e.rank): f"{e.op_type}(NumelIn={e.numel_in})"
@@ -157,6 +184,26 @@ def _in_step(facts: JobFacts, groups: dict[str, list[Event]]) -> None:
             facts.out_of_step = True
     facts.late_ranks = sorted(late)
     facts.desync = facts.mismatched_collective or facts.out_of_step
+
+
+def _unmixed(groups: dict[str, list[Event]]) -> dict[str, list[Event]]:
+    """Split the lines that name no process group where they must be several groups.
+
+    A rank runs one collective per group at a time: one rank stuck at two SeqNums among
+    lines that do not say their group is in two groups (or timed out twice), so its SeqNums
+    cannot be compared with each other's; each SeqNum is then a group of its own.
+    """
+    unnamed = groups.get("default", [])
+    seqs: dict[int, set[int]] = defaultdict(set)
+    for e in unnamed:
+        if e.rank is not None and e.seq is not None:
+            seqs[e.rank].add(e.seq)
+    if all(len(s) < 2 for s in seqs.values()):
+        return groups
+    out = {k: v for k, v in groups.items() if k != "default"}
+    for e in unnamed:
+        out.setdefault(f"default@{e.seq}", []).append(e)
+    return out
 
 
 def _disagreement(at: list[Event]) -> bool:

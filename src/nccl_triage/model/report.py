@@ -48,6 +48,10 @@ class JobFacts:
     crash_line: int | None = None
     crash_text: str | None = None
     culprit_ranks: list[int] = field(default_factory=list)  # most likely at fault, first first
+    # processes (ranks, or host:pid where no rank is printed) that report a device-level CUDA
+    # error (an illegal memory access or instruction, a misaligned address): one is a GPU that
+    # failed, every one is more often a kernel, a library or a build that fails everywhere
+    device_error_processes: int = 0
     timeout_ms: int | None = None
     ran_for_ms: int | None = None
     max_numel: int | None = None
