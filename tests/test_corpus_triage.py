@@ -34,7 +34,7 @@ RATCHETS: dict[str, tuple[int, int, int, int, int]] = {
     "crash": (16, 0, 0, 10, 0),
     "ncclerr": (31, 0, 0, 17, 0),
     "fatal": (14, 0, 2, 7, 0),
-    "store": (15, 0, 3, 9, 0),
+    "store": (16, 0, 2, 9, 0),
     "validation-causes": (13, 0, 0, 7, 0),
     "validation-errors": (30, 0, 0, 14, 2),
     "validation-timeouts": (26, 0, 0, 0, 0),

@@ -364,6 +364,13 @@ class LibraryFields(Transformer[Token, Fields]):
             out["timeout_ms"] = int(items[0])
         return out
 
+    def store_wait_s(self, items: list[Any]) -> Fields:
+        # gloo's store (Horovod's HTTP store): "Wait timeout after 30 seconds for key(s): 0."
+        out = self.store_wait(items)
+        n = next(i for i in items if isinstance(i, Token) and i.type == "INT")
+        out["timeout_ms"] = int(n) * 1000
+        return out
+
     def socket_timeout(self, items: list[Any]) -> Fields:
         return {"kind": Kind.STORE_TIMEOUT, "form": "socket_timeout"}
 
