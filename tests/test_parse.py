@@ -677,3 +677,80 @@ def test_a_message_read_by_its_shape_is_the_grammars_reading(
     values = iter(numbers * 100)
     other = re.sub(r"\d+", lambda m: str(next(values)), message)
     assert parse_message(other) == messages._parse(other, None)
+
+
+def _flattenable_lines() -> list[str]:
+    """Reference and mined lines that start a message of their own and read as one event."""
+    import yaml
+
+    from nccl_triage.parse.lines import _NEXT_MESSAGE
+
+    path = Path(__file__).parent / "data" / "reference_examples.yaml"
+    data = yaml.safe_load(path.read_text("utf-8"))
+    lines = [
+        e["line"]
+        for section in data.values()
+        for e in section
+        if isinstance(e, dict) and isinstance(e.get("line"), str)
+    ]
+    out = []
+    for line in sorted(set(lines)):
+        line = line.strip()
+        if _NEXT_MESSAGE.match("x " + line, 1) and len(parse_text(line + "\n").events) == 1:
+            out.append(line)
+    return out
+
+
+FLATTENABLE = _flattenable_lines()
+
+
+def _readings(text: str) -> list[tuple[Any, ...]]:
+    return sorted(
+        (e.kind, str(e.form), str(e.rank), str(e.seq), str(e.op_type), str(e.timeout_ms))
+        for e in parse_text(text).events
+    )
+
+
+def test_a_flattened_block_is_read_message_by_message() -> None:
+    # an error block whose newlines a chat paste turned into spaces (PyTorch 1.13's tear-down)
+    block = [
+        (
+            "[E ProcessGroupNCCL.cpp:566] [Rank 1] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800123 "
+            "milliseconds before timing out."
+        ),
+        (
+            "[E ProcessGroupNCCL.cpp:325] Some NCCL operations have failed or timed out. Due to the "
+            "asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+            "corrupted/incomplete data. To avoid this inconsistency, we are taking the entire "
+            "process down."
+        ),
+        "terminate called after throwing an instance of 'std::runtime_error'",
+    ]
+    flat = parse_text(" ".join(block) + "\n").events
+    assert [(e.kind, e.line) for e in flat] == [
+        ("watchdog_timeout", 1),
+        ("teardown", 1),
+        ("terminate", 1),
+    ]
+    assert flat[0].text == block[0]  # the message, not the whole line
+
+
+def test_a_prefix_before_a_message_is_no_split() -> None:
+    line = (
+        "[rank1]:   what():  [PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog "
+        "thread terminated with exception: CUDA error: an illegal memory access was encountered"
+    )
+    [ev] = parse_text(line + "\n").events
+    assert ev.rank == 1 and ev.text == line
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(FLATTENABLE), min_size=2, max_size=4),
+    st.lists(st.sampled_from([" ", "  ", "\t", " \t "]), min_size=3, max_size=3),
+)
+def test_flattened_reference_lines_read_as_the_lines_do(lines: list[str], gaps: list[str]) -> None:
+    """Any few real messages flattened into one line give the events they give one per line."""
+    flat = lines[0] + "".join(g + line for g, line in zip(gaps, lines[1:], strict=False))
+    assert _readings(flat + "\n") == _readings("\n\n".join(lines) + "\n")

@@ -259,8 +259,47 @@ def peel_segments(source: str, cand: Candidate) -> list[Line]:
 
 
 def peel_raw(source: str, lineno: int, raw: bytes) -> list[Line]:
-    """The segments of a physical line (parts between carriage returns), peeled."""
-    return [peel(Line(source, lineno, seg)) for seg in segments(raw)]
+    """The segments of a physical line, peeled; each keeps the physical line number.
+
+    Segments are the parts between carriage returns, and the messages of a block flattened
+    into one line.
+    """
+    return [
+        peel(Line(source, lineno, part)) for seg in segments(raw) for part in split_flattened(seg)
+    ]
+
+
+# Where a message starts inside a line that holds several: an issue tracker, a chat paste or a
+# log shipper turned an error block's newlines into spaces.
+_NEXT_MESSAGE = re.compile(
+    r"(?<=\S)\s+(?="
+    r"\[(?:rank\d+\]:\[)?[EWIF]\d{0,4}(?: [\d:.]+)?(?: \d+)? ?[\w./-]+\.(?:cpp|cc|hpp|h|py):\d+\]"
+    r"|\[rank\d+\]:|terminate called after throwing|what\(\):|Exception raised from \w"
+    r"|Traceback \(most recent call last\):|[\w.-]+:\d+:\d+ \[\d+\] (?:NCCL )?(?:INFO|WARN)"
+    r"|torch\.(?:distributed\.)?\w+Error:)"
+)
+_FLAT_MIN = 48  # shorter lines hold one message
+
+
+def split_flattened(text: str) -> list[str]:
+    """The messages of one line: several when a block was flattened into it, else the line.
+
+    A split needs a whole message before it: text that holds an anchor and more than the
+    prefixes (``[rank0]: what(): ...`` and a launcher's prefix before a header stay one).
+    """
+    if len(text) < _FLAT_MIN:
+        return [text]
+    parts: list[str] = []
+    start = 0
+    for m in _NEXT_MESSAGE.finditer(text):
+        left = text[start : m.start()]
+        if ANCHOR_RE.search(left) and peel(Line("", 0, left)).message.strip():
+            parts.append(left)
+            start = m.end()
+    if not parts:
+        return [text]
+    parts.append(text[start:])
+    return parts
 
 
 def _continues_previous(cand: Candidate, text: str, line: Line, parsed: bool) -> bool:
