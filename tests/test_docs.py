@@ -90,3 +90,12 @@ def test_the_help_and_the_guides_point_to_the_documents() -> None:
         text = (ROOT / guide).read_text("utf-8")
         assert "docs/causes.md" in text and "docs/json-output.md" in text, guide
     assert json.loads((ROOT / "docs" / "rule-schema.json").read_text("utf-8"))
+
+
+def test_the_readme_shows_what_its_first_command_prints() -> None:
+    readme = (ROOT / "README.md").read_text("utf-8")
+    shown = readme.split("What the first command prints:\n\n```\n", 1)[1].split("```", 1)[0]
+    result = CliRunner().invoke(
+        main, ["triage", "--no-color", str(ROOT / "fixtures/logs/lora-oom-hidden-by-timeout.log")]
+    )
+    assert result.stdout.replace(str(ROOT) + "/", "") == shown

@@ -55,3 +55,30 @@ def test_two_groups_split_that_way_still_show_a_mismatch_inside_one() -> None:
         _wd(7, 1008, "BROADCAST"),
     )
     assert f.mismatched_collective
+
+
+def test_each_rank_s_last_output_before_it_failed_culprits_first() -> None:
+    from nccl_triage.render.report import activity_lines
+
+    log = "[default0]:{'loss': 1.15, 'grad_norm': 0.39, 'learning_rate': 1.8e-05, 'epoch': 0.33}\n[default0]: 33%|███▎      | 500/1500 [3:02:11<6:04:22, 21.86s/it]\n[default1]:{'loss': 1.15, 'grad_norm': 0.39, 'learning_rate': 1.8e-05, 'epoch': 0.33}\n[default0]:[INFO|trainer.py:3478] 2024-03-14 05:13:20,402 >> Saving model checkpoint to /ckpt/checkpoint-500\n[default1]:[rank1]:[E314 05:43:21.874425901 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=61734, OpType=_ALLGATHER_BASE, NumelIn=1, NumelOut=2, Timeout(ms)=1800000) ran for 1800091 milliseconds before timing out.\n[default1]:printed after the failure\n"
+    report = triage_text(log, RULES, source="t")
+    assert report.facts is not None
+    rows = report.facts.rank_activity
+    assert [(r["rank"], r["timed_out"], r["line"]) for r in rows] == [(0, False, 4), (1, True, 3)]
+    assert rows[0]["progress"]["n"] == 500 and rows[0]["progress"]["total"] == 1500
+    text = activity_lines(report)
+    assert text[0].startswith("what each rank printed last")
+    assert text[1].startswith("  rank 0, line 4: [default0]:[INFO|trainer.py:3478]")
+    assert text[2] == "  rank 0, its last bar (line 2): 500/1500 (33%) after 3.0 h"
+    assert text[3].startswith("  rank 1 (timed out), line 3:")
+
+
+def test_a_log_without_ranks_has_one_row_and_a_clean_log_none() -> None:
+    lone = (
+        "epoch 3 step 1200 loss 0.41\n"
+        "[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800123 milliseconds "
+        "before timing out.\n"
+    )
+    assert [(r["rank"], r["line"]) for r in facts(lone).rank_activity] == [(None, 1)]
+    assert facts("epoch 3 step 1200 loss 0.41").rank_activity == []

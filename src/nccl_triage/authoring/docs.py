@@ -367,6 +367,15 @@ def json_output_markdown() -> str:
         "|---|---|",
         *(f"| `{name}` | {kind} |" for name, kind in facts),
         "",
+        (
+            "`rank_activity` says what each rank printed last before it failed, the culprits "
+            "first, then the ranks that did not time out: one object per rank (at most 64) with "
+            "`rank` (null for a log that names none), `timed_out`, `line` and `text` (its last "
+            "line of its own output: no failure message, traceback frame or launcher line), and "
+            "`progress`, its last progress bar or counter before the failure (`desc`, `n`, "
+            "`total`, `percent`, `elapsed_s`, `line`) or null."
+        ),
+        "",
         "## Exit status",
         "",
         (

@@ -5,8 +5,9 @@ order, each once), and the signal families of the ruleset. Output: events for th
 the facts: signal events of every family (also the patterns too broad for the whole-log scan),
 ``progress`` events (a bar or counter: its description, count, total, percentage, elapsed and
 remaining time, the activities its line names; a redrawn bar is one event holding its latest
-state), and one ``last_output`` event per rank: the last line it printed that is not a failure
-message, a traceback frame or a launcher line: what an engineer reads first by hand.
+state), and one ``last_output`` event per rank: the last line it printed before its first
+failure message that is not a traceback frame or a launcher line: what an engineer reads first
+by hand.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ class ContextClassifier:
         self._signals = SignalClassifier(signals)
         self._failure_text = failure_text  # lines the grammar reads: failures, not output
         self._progress: dict[tuple[int | None, str], Event] = {}
-        self._last: dict[int | None, Event] = {}
+        # per process (its local rank, where a tee prefix gives one, else its rank): its last
+        # own line before its first failure line
+        self._last: dict[tuple[str, int | None], Event] = {}
+        self._failed: set[tuple[str, int | None]] = set()
 
     def feed(self, line: Line, hits: list[int] | None = None) -> None:
         """Classify one line of a window (``hits``: :meth:`SignalClassifier.hits`, if known)."""
@@ -44,10 +48,13 @@ class ContextClassifier:
         bar = parse_progress(lead + text) if ("%" in text or "/" in text or lead) else None
         if bar is not None:
             self._note_progress(line, bar, [e.kind for e in started])
-        if not self._failure_text.search(text) and not _NOT_OUTPUT.match(text):
-            self._last[line.rank] = _event(
-                line, LAST_OUTPUT, {"signals": _ids(e.kind for e in started)}
-            )
+        who = ("local", line.local_rank) if line.local_rank is not None else ("rank", line.rank)
+        if who in self._failed:
+            return
+        if self._failure_text.search(text):
+            self._failed.add(who)
+        elif not _NOT_OUTPUT.match(text):
+            self._last[who] = _event(line, LAST_OUTPUT, {"signals": _ids(e.kind for e in started)})
 
     def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
         key = (line.rank, _bar_key(bar.desc))

@@ -20,8 +20,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
-from nccl_triage.model import Event, Kind
+from nccl_triage.model import Event, Kind, is_failure
+from nccl_triage.model.fields import LAST_OUTPUT, PROGRESS
 from nccl_triage.model.report import ASSUMED_ELEMENT_BYTES, UNSET_NUMEL, JobFacts
 
 # Collectives whose per-rank input sizes legitimately differ.
@@ -44,7 +46,16 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     worker_failures: list[Event] = []
     crashes: list[Event] = []
     device_errors: set[object] = set()
+    last_output: dict[int | None, Event] = {}
+    progress: dict[int | None, Event] = {}
+    outputs: list[Event] = []
+    first_failure: dict[str, int] = {}  # per input: the line of its first failure
     for ev in events:
+        if ev.kind in (LAST_OUTPUT, PROGRESS):
+            outputs.append(ev)
+            continue
+        if is_failure(ev) and ev.line < first_failure.get(ev.source, ev.line + 1):
+            first_failure[ev.source] = ev.line
         if ev.rank is not None:
             seen.add(ev.rank)
         if ev.kind in _DEVICE_ERROR_KINDS and _DEVICE_ERROR.search(ev.text):
@@ -79,6 +90,15 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         unnamed = groups.pop("default")
         for evs in groups.values():
             evs.extend(unnamed)
+    for ev in outputs:  # what each rank printed before it failed (a bar: its last reading)
+        if ev.kind == PROGRESS and ev.line >= first_failure.get(ev.source, ev.line + 1):
+            continue
+        who = ev.rank if ev.rank is not None else ev.local_rank
+        if ev.kind == LAST_OUTPUT:
+            if who not in last_output or last_output[who].line <= ev.line:
+                last_output[who] = ev
+        elif who not in progress or _bar_line(progress[who]) <= _bar_line(ev):
+            progress[who] = ev
     facts.ranks_seen = sorted(seen)
     facts.device_error_processes = len(device_errors - {None})
     facts.ranks_timed_out = sorted(timed_out)
@@ -98,7 +118,55 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     _first_failure(facts, child_root, worker_failures)
     _first_crash(facts, crashes)
     facts.culprit_ranks = _culprits(facts)
+    facts.rank_activity = _activity(facts, last_output, progress)
     return facts
+
+
+def _bar_line(ev: Event) -> int:
+    return int(ev.detail.get("last_line") or ev.line)
+
+
+MAX_ACTIVITY = (
+    64  # ranks described in rank_activity (culprits and the ranks that did not wait first)
+)
+_TEXT = 240  # characters of a line kept in rank_activity
+
+
+def _activity(
+    facts: JobFacts, last: dict[int | None, Event], bars: dict[int | None, Event]
+) -> list[dict[str, Any]]:
+    """What each rank printed last: its last own line and its last progress bar."""
+    ranks = set(last) | set(bars)
+    if any(r is not None for r in ranks):
+        ranks.discard(None)  # lines without a rank say nothing of one when others do
+    timed_out = set(facts.ranks_timed_out)
+    culprits = {r: i for i, r in enumerate(facts.culprit_ranks)}
+
+    def order(r: int | None) -> tuple[int, int, int]:
+        rank = -1 if r is None else r
+        return (culprits.get(rank, len(culprits)), rank in timed_out, rank)
+
+    out: list[dict[str, Any]] = []
+    for r in sorted(ranks, key=order)[:MAX_ACTIVITY]:
+        row: dict[str, Any] = {"rank": r, "timed_out": r in timed_out}
+        ev = last.get(r)
+        row["line"] = ev.line if ev is not None else None
+        row["text"] = ev.text[:_TEXT] if ev is not None else None
+        bar = bars.get(r)
+        row["progress"] = (
+            None
+            if bar is None
+            else {
+                "desc": bar.detail.get("desc"),
+                "n": bar.detail.get("n"),
+                "total": bar.detail.get("total"),
+                "percent": bar.detail.get("percent"),
+                "elapsed_s": bar.detail.get("elapsed_s"),
+                "line": _bar_line(bar),
+            }
+        )
+        out.append(row)
+    return out
 
 
 # Device-level CUDA errors as NCCL ("Cuda failure 700 'an illegal memory access ...'"), the

@@ -62,6 +62,9 @@ class JobFacts:
     first_failure_signal: str | None = None
     nccl_versions: list[str] = field(default_factory=list)
     failed_ranks: list[int] = field(default_factory=list)
+    # what each rank printed last, culprits first: {rank, timed_out, line, text, progress}
+    # (progress: its last bar or counter, {desc, n, total, percent, elapsed_s, line})
+    rank_activity: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the facts as plain data (for templates, JSON and rule conditions)."""

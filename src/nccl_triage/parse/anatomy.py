@@ -48,7 +48,11 @@ _LEVEL_WORD = re.compile(rf"({_LEVELS}) (?=\S)(?![\w/.+-]+\.(?:cu|cc):\d+ )")
 _JOBSYS = re.compile(r"([0-9a-f]{6,}) \[rank=(\d+)\] \|\| ")  # Determined: "fa88a9df [rank=1] || "
 _RAY = re.compile(r"\((\w+) pid=(\d+)(?:, ip=([0-9a-fA-F.:]+))?\)\s*")
 _SRUN = re.compile(r"(\d{1,5}): ")
-_TEE = re.compile(r"\[([A-Za-z_][\w.-]*?)(\d+)\]:(?! )")  # "[default3]:", "[rank0]:" (no space)
+# "[default3]:", "[rank0]:" (no space); "[default0]: " before a line that starts with a space
+# (tqdm's " 33%|..."), but never "[rank0]: " (the Python excepthook's prefix)
+_TEE = re.compile(
+    r"\[([A-Za-z_][\w.-]*?)(\d+)\]:(?! )|\[((?!rank\d)[A-Za-z_][\w.-]*?)(\d+)\]: +(?=\S)"
+)
 _EXCEPTHOOK = re.compile(r"\[rank(\d+)\]: ")  # Python excepthook / torch._logging: with a space
 _C10 = (
     re.compile(  # "[E ProcessGroupNCCL.cpp:475] " (<= 2.3), "[E1022 10:11:12.123456789 f.cpp:1] "
@@ -230,7 +234,7 @@ def _on_c10_rank(line: Line, m: re.Match[str]) -> int | None:
 
 
 def _on_tee(line: Line, m: re.Match[str]) -> int | None:
-    role, num = m[1], int(m[2])
+    role, num = (m[1], int(m[2])) if m[1] is not None else (m[3], int(m[4]))
     if role == "rank" and _RANK_AHEAD.match(m.string, m.end()) is None and line.rank is None:
         # "[rank3]:" followed by a c10 header or a message: the C++ global-rank prefix.
         # Two rank-shaped prefixes in a row: this first one is torchrun's tee (a local rank).

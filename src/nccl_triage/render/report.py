@@ -80,6 +80,7 @@ def render_text(report: Report, template_dirs: Sequence[Path], color: bool = Fal
     lines.append(paint(headline(report), "1"))
     lines.extend(notes)
     lines.append(_summary_line(report))
+    lines.extend(f"   {row}" for row in activity_lines(report))
     for i, f in enumerate(report.findings, 1):
         sev = f.rule.severity.value
         lines.append("")
@@ -148,6 +149,44 @@ def _summary_line(report: Report) -> str:
     return "   " + "; ".join(parts) if parts else ""
 
 
+ACTIVITY_SHOWN = 6  # ranks in the "last printed" block of text and Markdown reports
+
+
+def activity_lines(report: Report, width: int = 150) -> list[str]:
+    """What each rank printed last (the culprits first), a line each, under a heading."""
+    rows = report.facts.rank_activity
+    if not rows:
+        return []
+    out = ["what each rank printed last (culprits first):"]
+    for row in rows[:ACTIVITY_SHOWN]:
+        who = "the log" if row["rank"] is None else f"rank {row['rank']}"
+        state = " (timed out)" if row["timed_out"] else ""
+        if row["text"]:
+            out.append(clip(f"  {who}{state}, line {row['line']}: {row['text'].strip()}", width))
+        bar = row["progress"]
+        if bar:
+            done = f"{bar['n']}/{bar['total']}" if bar["total"] else f"{bar['n']}"
+            pct = f" ({bar['percent']}%)" if bar["percent"] is not None else ""
+            after = f" after {_duration(bar['elapsed_s'])}" if bar["elapsed_s"] else ""
+            desc = f"{bar['desc']} " if bar["desc"] else ""
+            out.append(
+                f"  {who}{state}, its last bar (line {bar['line']}): {desc}{done}{pct}{after}"
+            )
+    if len(rows) > ACTIVITY_SHOWN:
+        out.append(
+            f"  ... and {len(rows) - ACTIVITY_SHOWN} more (--format json: facts.rank_activity)"
+        )
+    return out
+
+
+def _duration(seconds: int) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds} s"
+
+
 def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
     """A report to paste into an issue."""
     out = [f"### nccl-triage: `{headline(report)}`", ""]
@@ -158,6 +197,9 @@ def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
     summary = _summary_line(report).strip()
     if summary:
         out += [summary, ""]
+    activity = activity_lines(report)
+    if activity:
+        out += [activity[0], "", *(f"- {row.strip()}" for row in activity[1:]), ""]
     out += [f"> note: {note}" for note in report.notes] + ([""] if report.notes else [])
     for i, f in enumerate(report.findings, 1):
         out.append(
