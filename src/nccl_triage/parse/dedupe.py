@@ -65,6 +65,9 @@ class Deduper:
         self._events: list[Event] = []  # in the order first seen
         self._timeouts: list[int] = []  # indexes into _events
         self._by_seq: dict[int | None, list[int]] = {}
+        # the same, per global rank too: a line of rank r can only be a timeout of rank r or of
+        # a line that named no rank (512 ranks stuck at one SeqNum are 512 events)
+        self._by_seq_rank: dict[tuple[int | None, int | None], list[int]] = {}
         self._others: dict[tuple[Any, ...], int] = {}
 
     def add(self, ev: Event) -> None:
@@ -103,25 +106,43 @@ class Deduper:
         else:
             self._events[same] = _with_occurrence(self._events[same], ev)
 
+    def _candidates(self, seq: int | None, rank: int | None) -> list[int]:
+        """The timeouts a line of ``seq`` and ``rank`` may be another line of, in input order."""
+        if seq is None:
+            return self._timeouts
+        if rank is None:
+            return self._by_seq.get(seq, [])
+        own = self._by_seq_rank.get((seq, rank), [])
+        unranked = self._by_seq_rank.get((seq, None), [])
+        return sorted(own + unranked) if unranked else own
+
+    def _index(self, i: int, seq: int | None) -> None:
+        self._by_seq.setdefault(seq, []).append(i)
+        self._by_seq_rank.setdefault((seq, self._events[i].rank), []).append(i)
+
     def _add_timeout(self, ev: Event) -> None:
         events = self._events
-        candidates = self._by_seq.get(ev.seq, []) if ev.seq is not None else self._timeouts
+        candidates = self._candidates(ev.seq, ev.rank)
         match = next((i for i in candidates if _same_timeout(events[i], ev)), None)
         if match is None and ev.seq is not None:
             unseq = self._by_seq.get(None, [])
             match = next((i for i in unseq if _same_timeout(events[i], ev)), None)
             if match is not None:
                 unseq.remove(match)
-                self._by_seq.setdefault(ev.seq, []).append(match)
+                self._index(match, ev.seq)
         if match is None:
             # only the work number in a status line: no op type, sizes or timeout
             partial = ev.partial or ev.form in _STATUS_FORMS
             i = len(events)
             events.append(replace(ev, kind=Kind.WATCHDOG_TIMEOUT, partial=partial))
             self._timeouts.append(i)
-            self._by_seq.setdefault(ev.seq, []).append(i)
+            self._index(i, ev.seq)
             return
+        before = events[match].rank
         events[match] = _merged_timeout(events[match], ev)
+        if events[match].rank != before and events[match].seq is not None:
+            # it learnt its rank: lines of that rank find it there too
+            self._by_seq_rank.setdefault((events[match].seq, events[match].rank), []).append(match)
 
     def events(self) -> list[Event]:
         """All events, in input order."""
