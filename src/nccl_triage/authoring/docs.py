@@ -82,6 +82,8 @@ def describe_clause(clause: Clause) -> str:
         text += ", on the same rank"
     if clause.other_rank:
         text += ", on another rank"
+    if clause.fr_culprit:
+        text += ", on a rank the flight-recorder dumps blame"
     if clause.where:
         text += ", where " + " and ".join(describe_condition(c) for c in clause.where)
     return text
