@@ -220,3 +220,11 @@ def test_evidence_on_a_blamed_rank_weighs_fully_and_on_a_cleared_one_little() ->
     assert weigh(ev(3), trigger, {}, ranks).rank == 0.4
     without = Ranks(frozenset({0, 2}), frozenset({1}))
     assert weigh(ev(0), trigger, {}, without).rank == 1.0
+
+
+def test_a_fifo_given_as_a_dump_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "nccl_trace_rank_5"
+    os.mkfifo(fifo)
+    code, _, err = run(str(job_log(tmp_path, "skip_collective")), "--fr", str(fifo))
+    assert code == 1
+    assert err.splitlines()[0] == f"nccl-triage: {fifo}: not a regular file"
