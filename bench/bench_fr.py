@@ -1,10 +1,13 @@
-"""Time ``nccl-triage fr`` on a synthetic 64-rank job with full flight-recorder buffers.
+"""Time ``nccl-triage fr`` and ``triage LOG --fr`` on a synthetic 64-rank job with full buffers.
 
 Input: options (ranks, entries per rank, repeats). Output: the dumps in ``bench/out/fr64/``
 (pickles as ProcessGroupNCCL writes them: version 2.10, pg_config, pg_status, 2000 entries
-per rank with stack frames, ring buffer wrapped) and a table on stdout: wall time and peak RSS
-of ``fr`` (text and JSON) next to ``cat`` of the same files and a plain ``pickle.load`` of
-them, best of N, each in a fresh process (peak RSS is the child's own, from ``os.wait4``).
+per rank with stack frames, ring buffer wrapped), the job's stderr in ``bench/out/fr64.log``
+(NCCL's init lines, training progress, then every other rank's watchdog timeout) and a table
+on stdout: wall time and peak RSS of ``fr`` (text and JSON), of ``triage LOG`` alone and of
+``triage LOG --fr DIR`` (text and JSON), next to ``cat`` of the same files and a plain
+``pickle.load`` of them, best of N, each in a fresh process (peak RSS is the child's own, from
+``os.wait4``), with each command's time as a multiple of ``cat``'s and of ``fr``'s.
 
 The job: 64 ranks, tensor-parallel groups of 8, data-parallel groups of 8 (every 8th rank)
 and the world group. Each step makes a TP all_gather, a TP reduce_scatter and a DP all_reduce;
@@ -142,6 +145,46 @@ def make_dump(rank: int, world: int, entries: int) -> dict[str, Any]:
     }
 
 
+LOG = OUT.parent / "fr64.log"
+_TIMEOUT = (
+    "[rank{rank}]:[E1121 10:{m:02d}:{s:02d}.{rank:06d}000 ProcessGroupNCCL.cpp:632] "
+    "[PG ID {pg} PG GUID {pg}({desc}) Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, "
+    "NumelIn={numel}, NumelOut={numel}, Timeout(ms)=600000) ran for 600051 milliseconds before "
+    "timing out.\n"
+)
+
+
+def write_log(world: int, steps: int) -> Path:
+    """The job's stderr: init lines, progress, every rank but the culprit timing out."""
+    lines = [
+        f"[rank{r}]:host{r // 8}:{4000 + r}:{4100 + r} [{r % 8}] NCCL INFO Init COMPLETE "
+        f"comm 0x55d0c2a1{r:04x} rank {r} nranks {world} cudaDev {r % 8} nvmlDev {r % 8} - Init "
+        "COMPLETE\n"
+        for r in range(world)
+    ]
+    lines += [
+        f"[rank0]: iteration {i:>6}/ 100000 | consumed samples: {i * 512:>9} | lm loss: "
+        f"{2.5 - i / 10**5:.6E} | grad norm: 0.812 | elapsed time per iteration (ms): 412.3\n"
+        for i in range(1, steps + 1)
+    ]
+    for r in range(world):
+        if r == CULPRIT:
+            continue
+        # the culprit's tensor-parallel peers wait in its all_gather, the others (through the
+        # culprit's data-parallel group) in their data-parallel all_reduce
+        groups = groups_of(r, world)
+        same_tp = r // TP == CULPRIT // TP
+        pg = next(n for n, (d, _) in groups.items() if d == ("tp" if same_tp else "dp"))
+        op, numel = ("_ALLGATHER_BASE", 4096) if same_tp else ("ALLREDUCE", 1 << 20)
+        lines.append(
+            _TIMEOUT.format(
+                rank=r, m=21, s=r % 60, pg=pg, desc=groups[pg][0], seq=steps, op=op, numel=numel
+            )
+        )
+    LOG.write_text("".join(lines), encoding="utf-8")
+    return LOG
+
+
 def write_job(world: int, entries: int) -> list[Path]:
     """Write every rank's dump into OUT; return the files."""
     if OUT.exists():
@@ -176,20 +219,33 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     files = write_job(args.ranks, args.entries)
+    log = write_log(args.ranks, args.entries)
     total = sum(p.stat().st_size for p in files)
     print(f"{len(files)} dumps, {args.entries} entries each, {total / 2**20:.1f} MiB in {OUT}")
-    fr = [sys.executable, "-m", "nccl_triage", "fr", str(OUT)]
+    print(f"job log: {log.stat().st_size / 2**20:.1f} MiB, {args.entries + 2 * args.ranks} lines")
+    tool = [sys.executable, "-m", "nccl_triage"]
+    fr = [*tool, "fr", str(OUT)]
+    triage = [*tool, "triage", str(log)]
     load = "import pickle, sys; [pickle.load(open(f, 'rb')) for f in sys.argv[1:]]"
     runs = [
-        ("cat FILES > /dev/null", ["cat", *map(str, files)]),
-        ("python: pickle.load of every file", [sys.executable, "-c", load, *map(str, files)]),
+        ("cat DUMPS LOG > /dev/null", ["cat", *map(str, files), str(log)]),
+        ("python: pickle.load of every dump", [sys.executable, "-c", load, *map(str, files)]),
         ("nccl-triage fr DIR", fr),
         ("nccl-triage fr DIR --format json", [*fr, "--format", "json"]),
+        ("nccl-triage triage LOG", triage),
+        ("nccl-triage triage LOG --fr DIR", [*triage, "--fr", str(OUT)]),
+        ("nccl-triage triage LOG --fr DIR (json)", [*triage, "--fr", str(OUT), "--format", "json"]),
     ]
-    print(f"{'command':40} {'best wall':>10} {'peak RSS':>10} {'exit':>5}")
+    print(f"{'command':40} {'best wall':>10} {'x cat':>7} {'x fr':>6} {'peak RSS':>10} {'exit':>5}")
+    walls: dict[str, float] = {}
     for label, cmd in runs:
         wall, rss, code = measure(cmd, args.repeat)
-        print(f"{label:40} {wall:9.2f}s {rss / 1024:7.0f} MiB {code:5}")
+        walls[label] = wall
+        vs_cat = wall / walls["cat DUMPS LOG > /dev/null"]
+        vs_fr = (
+            f"{wall / walls['nccl-triage fr DIR']:5.2f}" if "nccl-triage fr DIR" in walls else ""
+        )
+        print(f"{label:40} {wall:9.2f}s {vs_cat:6.0f}x {vs_fr:>6} {rss / 1024:7.0f} MiB {code:5}")
     started = time.perf_counter()
     result = subprocess.run([*fr, "--format", "json"], capture_output=True, text=True, check=False)
     print(
@@ -198,6 +254,11 @@ def main() -> None:
         if '"culprit_ranks": [\n    37\n  ]' in result.stdout
         else "CULPRIT NOT NAMED",
     )
+    result = subprocess.run(
+        [*triage, "--fr", str(OUT)], capture_output=True, text=True, check=False
+    )
+    head = result.stdout.splitlines()[0] if result.stdout else result.stderr
+    print(f"check: triage --fr says: {head}")
 
 
 if __name__ == "__main__":

@@ -165,7 +165,7 @@ def test_lint_reports_a_misspelled_key_with_file_and_line(tmp_path: Path) -> Non
         (
             f"{rule_file(d)}:9: context[0]: unknown key 'withn' "
             "(expected: event, where, within, direction, present, same_rank, other_rank, name,"
-            " culprit, running, optional, outside_nccl)"
+            " culprit, running, optional, outside_nccl, fr_culprit)"
         )
     ]
 

@@ -616,3 +616,124 @@ def test_a_save_far_from_the_end_of_another_ranks_file_is_no_context(
     )
     [outcome] = b.run_batch([str(tmp_path)], ruleset).outcomes
     assert outcome.diagnoses[0]["cause"] != "slow_checkpoint_save"
+
+
+# ----------------------------------------------------------------------------- flight recorder
+
+FR = Path(__file__).resolve().parent / "data" / "fr"
+STUCK_AT_5 = "".join(TIMEOUT.replace("SeqNum=57", "SeqNum=5").format(rank=r) for r in (0, 1, 3))
+
+
+def copy_dumps(scenario: str, dest: Path) -> None:
+    """The scenario's dumps (not its expected.json and fr_trace.txt) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in (FR / scenario).iterdir():
+        if p.name not in ("expected.json", "fr_trace.txt"):
+            shutil.copy(p, dest / p.name)
+
+
+def test_dump_names_match_a_pattern_and_end_in_the_rank() -> None:
+    for name in (
+        "nccl_trace_rank_3",
+        "/a/b/nccl_trace_rank_12",
+        "job7_fr_trace_3.pkl",
+        "fr_dump_0.json",
+        "_dump_15",
+    ):
+        assert b.is_dump_name(name), name
+    for name in ("nccl_trace_rank_", "fr_trace.txt", "rank3.pkl", "train.log", "_dump_x"):
+        assert not b.is_dump_name(name), name
+    assert b.is_dump_name("rank3.pkl", ("rank*.pkl",))
+
+
+def test_dumps_are_found_beside_a_jobs_logs_and_never_triaged_as_logs(tmp_path: Path) -> None:
+    job = tmp_path / "job1"
+    copy_dumps("skip_collective", job)
+    (job / "train.log").write_text(STUCK_AT_5)
+    found = b.discover([str(tmp_path)], include=("*",))
+    assert [f.name.rsplit("/", 1)[-1] for f in found if f.dump] == [
+        f"nccl_trace_rank_{r}" for r in range(4)
+    ]
+    jobs, notes = b.attach_dumps(b.group_jobs(found), found)
+    assert notes == []
+    names = sorted(j.name.rsplit("/", 1)[-1] for j in jobs)
+    assert "nccl_trace_rank_0" not in names  # a dump is no job of its own
+    train = next(j for j in jobs if j.name.endswith("train.log"))
+    assert len(train.dumps) == 4
+
+
+def test_a_folder_of_dumps_joins_the_one_job_that_can_claim_it() -> None:
+    def job(*names: str) -> b.Job:
+        return b.Job(names[0], tuple(b.InputFile(n, n) for n in names), "file")
+
+    jobs = [
+        job("a/job1/train.log"),
+        job("a/run/attempt_0/0/stderr.log", "a/run/attempt_0/1/stderr.log"),
+        job("a/flat/x.log"),
+        job("a/flat/y.log"),
+    ]
+    dumps = [
+        b.InputFile(n, n, dump=True)
+        for n in (
+            "a/job1/fr/nccl_trace_rank_0",  # below a job's folder
+            "a/run/nccl_trace_rank_0",  # above torchrun's attempt folder
+            "a/flat/nccl_trace_rank_0",  # two jobs there
+            "elsewhere/nccl_trace_rank_0",  # no job
+        )
+    ]
+    out, notes = b.attach_dumps(jobs, dumps)
+    got = {j.name: [d.name for d in j.dumps] for j in out}
+    assert got["a/job1/train.log"] == ["a/job1/fr/nccl_trace_rank_0"]
+    assert got["a/run/attempt_0/0/stderr.log"] == ["a/run/nccl_trace_rank_0"]
+    assert got["a/flat/x.log"] == got["a/flat/y.log"] == []
+    hint = "(keep one job per folder, or read them with nccl-triage triage LOG --fr DIR)"
+    assert notes == [
+        f"a/flat: 1 flight-recorder dump(s) left out: 2 jobs could claim them {hint}",
+        f"elsewhere: 1 flight-recorder dump(s) left out: no job's logs are there {hint}",
+    ]
+
+
+def test_batch_reads_dumps_with_their_job(tmp_path: Path, ruleset: Any) -> None:
+    job = tmp_path / "job1"
+    copy_dumps("skip_collective", job)
+    (job / "train.log").write_text(STUCK_AT_5)
+    (job / "nccl_trace_rank_9").write_bytes(b"\x80\x04garbage")
+    (tmp_path / "job2").mkdir()
+    (tmp_path / "job2" / "train.log").write_text(STUCK_AT_5)
+    result = b.run_batch([str(tmp_path)], ruleset, b.BatchOptions(workers=1))
+    df = result.table()
+    row = df[df["job"].str.endswith("job1/train.log")].iloc[0]
+    assert (row["fr_dumps"], row["fr_culprit_ranks"], row["fr_side"]) == (4, "2", "cpu")
+    assert row["fr_frame"].endswith("make_fr_dumps.py:187 in train_step")
+    assert (row["rule"], row["culprit_rank"]) == ("dump-cpu-stall", 2)
+    other = df[df["job"].str.endswith("job2/train.log")].iloc[0]
+    assert pd.isna(other["fr_dumps"]) and other["rule"] == "unknown-cause"
+    assert any("nccl_trace_rank_9: truncated pickle" in n for n in result.notes)
+    assert result.summary().with_dumps == 1 and result.stats.dumps == 5
+
+
+def test_fr_pattern_changes_which_names_are_dumps(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    copy_dumps("python_stall", job)
+    (job / "train.log").write_text(STUCK_AT_5.replace("SeqNum=5", "SeqNum=9"))
+    out = tmp_path / "t.jsonl"
+    args = ["batch", str(tmp_path), "--no-cache", "--out", str(out)]
+    invoke(args, 1)
+    assert json.loads(out.read_text())["fr_dumps"] is None  # rankN.pkl: not a default name
+    invoke([*args, "--fr-pattern", "rank*.pkl"], 1)
+    row = json.loads(out.read_text())
+    assert (row["fr_dumps"], row["fr_culprit_ranks"], row["rule"]) == (4, "0", "dump-frame-in-save")
+
+
+def test_a_new_dump_triages_a_cached_job_again(tmp_path: Path, ruleset: Any) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.log").write_text(STUCK_AT_5)
+    opts = b.BatchOptions(db=tmp_path / "cache.sqlite", workers=1)
+    assert b.run_batch([str(job)], ruleset, opts).stats.triaged == 1
+    assert b.run_batch([str(job)], ruleset, opts).stats.cached == 1
+    for dump in sorted((FR / "skip_collective").glob("nccl_trace_rank_*")):
+        shutil.copy(dump, job)
+    again = b.run_batch([str(job)], ruleset, opts)
+    assert again.stats.triaged == 1
+    assert again.outcomes[0].result["flight_recorder"]["culprit_ranks"] == [2]

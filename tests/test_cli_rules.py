@@ -86,7 +86,7 @@ def test_lint_catches_a_misspelled_key_with_its_file_and_line(tmp_path: Path) ->
     assert lines[0] == (
         f"{d / 's3-upload-stall.yaml'}:9: context[0]: unknown key 'withn' "
         "(expected: event, where, within, direction, present, same_rank, other_rank, name,"
-        " culprit, running, optional, outside_nccl)"
+        " culprit, running, optional, outside_nccl, fr_culprit)"
     )
     assert lines[-1].startswith("rules lint: 1 problem (")
 

@@ -61,6 +61,10 @@ def test_every_field_of_real_reports_is_documented() -> None:
     seen: set[str] = set()
     for log in logs:
         _keys(report_json(triage_path(str(log), ruleset), ruleset.template_dirs), seen)
+    fr = ROOT / "tests" / "data" / "fr"
+    for scenario in sorted(p for p in fr.iterdir() if p.is_dir()):  # with dumps: every field
+        report = triage_path(str(logs[0]), ruleset, dumps=[str(scenario)])
+        _keys(report_json(report, ruleset.template_dirs), seen)
     # signal events carry their patterns' named groups: documented with the signal files
     signal_groups = {
         g for s in ruleset.signals for p in s.patterns for g in re.findall(r"\(\?P<(\w+)>", p.regex)

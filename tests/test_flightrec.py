@@ -162,7 +162,9 @@ def test_cli_accepts_a_glob() -> None:
 def test_facts_are_flat_plain_values() -> None:
     load = load_dumps([str(DATA / "two_groups")])
     facts = analyse(load.dumps).facts()
-    assert facts["culprit_ranks"] == [3]
+    assert facts["fr_culprit_ranks"] == [3]
+    assert facts["fr_reached_ranks"] == [2]
+    assert facts["fr_stuck_sizes"] == "[4]"
     assert facts["fr_side"] == "cpu"
     assert facts["fr_stuck_op"] == "all_reduce"
     assert facts["fr_stuck_seq"] == 5

@@ -210,7 +210,7 @@ def test_a_skipped_stretch_is_said_in_every_format(ruleset: Ruleset) -> None:
     obj = json.loads(
         ReportSink(AnalyserConfig(fmt="json"), ruleset.template_dirs).render(report, status)
     )
-    assert obj["schema"] == "nccl-triage/1" and obj["verdict"] == "nccl_timeout"
+    assert obj["schema"] == "nccl-triage/1.1" and obj["verdict"] == "nccl_timeout"
     assert obj["live"]["final"] is True and obj["live"]["dropped_bytes"] == 5 << 20
 
 

@@ -52,7 +52,7 @@ def test_fixture_names_the_cause_with_evidence_and_advice(name: str) -> None:
 def test_json_report_follows_the_spec() -> None:
     report = triage_path(str(FIXTURES / "ddp-sft-safetensors-save-timeout.log"), RULESET)
     data = report_json(report, RULESET.template_dirs)
-    assert data["schema"] == "nccl-triage/1"
+    assert data["schema"] == "nccl-triage/1.1"
     assert data["verdict"] == "nccl_timeout"
     diag = data["diagnoses"][0]
     assert {"rule", "cause", "severity", "confidence", "title", "evidence", "advice"} <= set(diag)

@@ -8,6 +8,8 @@ The library API, for notebooks and scripts (the command line is built on the sam
     report = nccl_triage.triage(["rank0.log", "rank1.log"])  # one job of per-rank files
     report = nccl_triage.triage(open("job.log").read())    # the text of a log
     report.verdict, report.findings[0].rule.cause, report.findings[0].evidence
+    report = nccl_triage.triage("job.log", dumps="/tmp/dumps/")  # with flight-recorder dumps
+    report.facts.fr_culprit_ranks, report.facts.fr_side, report.facts.fr_frame
 
     rules = nccl_triage.load_ruleset(["team_rules/"])      # built-ins plus a team's rules
     table = nccl_triage.triage_batch(["/archive/jobs"], rules=rules)  # a DataFrame, a row a job
@@ -50,12 +52,18 @@ def load_ruleset(
 
 
 def triage(
-    source: PathLike | Sequence[PathLike], *, rules: Ruleset | Sequence[PathLike] | None = None
+    source: PathLike | Sequence[PathLike],
+    *,
+    rules: Ruleset | Sequence[PathLike] | None = None,
+    dumps: PathLike | Sequence[PathLike] | None = None,
 ) -> Report:
     """Triage a log: a path (``-`` for stdin), the text of a log, or a job's per-rank files.
 
     A string holding a newline is taken as the log's text. ``rules`` is a ruleset, or rule
-    directories added to the built-ins.
+    directories added to the built-ins. ``dumps`` are the job's PyTorch flight-recorder dumps
+    (a directory of per-rank dumps, a glob, files, or a list of them), as ``triage --fr``
+    reads them: their facts (``fr_*``) join the log's, ``report.flight_recorder`` holds their
+    analysis, and a dump that cannot be read is a line of ``report.flight_recorder.problems``.
 
     Raises:
         InputError: the input cannot be read.
@@ -64,11 +72,20 @@ def triage(
     from nccl_triage.pipeline import triage_job, triage_path, triage_text
 
     ruleset = _ruleset(rules)
+    fr = _dump_sources(dumps)
     if isinstance(source, str) and "\n" in source:
-        return triage_text(source, ruleset)
+        return triage_text(source, ruleset, dumps=fr)
     if isinstance(source, str | os.PathLike):
-        return triage_path(os.fspath(source), ruleset)
-    return triage_job([os.fspath(p) for p in source], ruleset)
+        return triage_path(os.fspath(source), ruleset, dumps=fr)
+    return triage_job([os.fspath(p) for p in source], ruleset, dumps=fr)
+
+
+def _dump_sources(dumps: PathLike | Sequence[PathLike] | None) -> list[str] | None:
+    if dumps is None:
+        return None
+    if isinstance(dumps, str | os.PathLike):
+        return [os.fspath(dumps)]
+    return [os.fspath(d) for d in dumps]
 
 
 def triage_batch(

@@ -9,20 +9,21 @@ can skip it.
 Stages, per input: the candidate scan (:mod:`nccl_triage.ingest.scan`), the grammar with line
 joining and deduplication (:mod:`nccl_triage.parse`), the context signals
 (:mod:`nccl_triage.diagnose.signals`); then, for the whole job, the facts across ranks and the
-rule engine (:mod:`nccl_triage.diagnose`).
+rule engine (:mod:`nccl_triage.diagnose`). A job's flight-recorder dumps, when it has some
+(:mod:`nccl_triage.flightrec`), are read once for the job and join its facts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from nccl_triage.diagnose.context import ContextClassifier
 from nccl_triage.diagnose.engine import correlate
-from nccl_triage.diagnose.facts import compute_facts
+from nccl_triage.diagnose.facts import add_dump_facts, compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary
@@ -31,6 +32,9 @@ from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed, 
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
 from nccl_triage.ruleset import Ruleset
+
+if TYPE_CHECKING:
+    from nccl_triage.flightrec.job import FlightRecorder
 
 # NCCL's own log lines: an error they report is the job's failure unless the job went on.
 _LIBRARY_LINES = frozenset({Kind.NCCL_WARN, Kind.NCCL_INFO})
@@ -142,6 +146,17 @@ class Triage:
         self.max_candidates = max_candidates or None
         self._anchors = scan_patterns(self.ruleset)
         self._inputs: dict[str, _Input] = {}
+        self.flight_recorder: FlightRecorder | None = None
+
+    def read_dumps(self, sources: Sequence[str]) -> FlightRecorder:
+        """Read the job's flight-recorder dumps (directories, globs, files); they join its facts.
+
+        A dump that cannot be read is one line in the result's ``problems``, never an error.
+        """
+        from nccl_triage.flightrec.job import read_flight_recorder  # only jobs with dumps
+
+        self.flight_recorder = read_flight_recorder(sources)
+        return self.flight_recorder
 
     # -- input
 
@@ -346,9 +361,22 @@ class Triage:
             unparsed.extend(inp.parser.unparsed)
         ends = {i.source: i.scanner.lines for i in inputs}
         report = build_report(
-            self.source, self.ruleset, self.events(), signals, self.lines, unparsed, ends
+            self.source,
+            self.ruleset,
+            self.events(),
+            signals,
+            self.lines,
+            unparsed,
+            ends,
+            self.flight_recorder,
         )
         report.notes = [note for inp in inputs for note in _notes(inp, len(inputs) > 1)]
+        fr = self.flight_recorder
+        if fr is not None and fr.hung and report.verdict == "clean":
+            report.notes.append(
+                "the flight-recorder dumps show a stuck process group, but the log shows no "
+                "NCCL failure: is it the same run's log, and did it end before the timeout?"
+            )
         return report
 
 
@@ -408,13 +436,18 @@ def build_report(
     lines: int,
     unparsed: list[Unparsed],
     ends: Mapping[str, int] | None = None,
+    flight_recorder: FlightRecorder | None = None,
 ) -> Report:
     """Compute facts, verdict and findings from parsed events and signal events.
 
-    ``ends`` is the number of lines of each input (file of a job).
+    ``ends`` is the number of lines of each input (file of a job); ``flight_recorder`` the
+    job's dumps, whose facts join the log's. The verdict is the log's: dumps alone do not make
+    a failure (a note says when they show a hang the log does not).
     """
     everything = sorted([*events, *signals], key=lambda e: (e.source, e.line))
     facts = compute_facts(everything)
+    if flight_recorder is not None:
+        add_dump_facts(facts, flight_recorder.facts())
     verdict = verdict_of(events, signals)
     correlation = Correlation()
     if verdict != "clean" and ruleset.rules:
@@ -429,6 +462,7 @@ def build_report(
         lines=lines,
         unparsed=unparsed,
         correlation=correlation,
+        flight_recorder=flight_recorder,
     )
 
 
@@ -451,35 +485,57 @@ def triage_path(
     ruleset: Ruleset,
     stdin: IO[bytes] | None = None,
     max_candidates: int | None = MAX_CANDIDATES,
+    dumps: FlightRecorder | Sequence[str] | None = None,
 ) -> Report:
     """Triage one input: a path, ``-`` for stdin, plain or compressed.
 
-    ``max_candidates`` bounds the work on a huge dense log (see :class:`Triage`).
+    ``max_candidates`` bounds the work on a huge dense log (see :class:`Triage`). ``dumps``
+    are the job's flight-recorder dumps: sources to read, or dumps already read (a command
+    joins the same dumps to several logs).
 
     Raises:
         InputError: the input cannot be read.
     """
     name = display_name(path)
     triage = Triage(ruleset, name, max_candidates=max_candidates)
+    _with_dumps(triage, dumps)
     feed_file(triage, path, name, stdin)
     return triage.report()
 
 
-def triage_job(paths: list[str], ruleset: Ruleset, name: str | None = None) -> Report:
+def triage_job(
+    paths: list[str],
+    ruleset: Ruleset,
+    name: str | None = None,
+    dumps: FlightRecorder | Sequence[str] | None = None,
+) -> Report:
     """Triage several files of one job (per-rank logs) as one input, so facts span ranks.
 
     Line numbers stay per file (every event keeps its ``source``); context windows in lines
     apply within a file, and across files the seconds window applies when both lines carry a
-    time (see :mod:`nccl_triage.diagnose.engine`).
+    time (see :mod:`nccl_triage.diagnose.engine`). ``dumps`` as for :func:`triage_path`.
 
     Raises:
         InputError: one of the files cannot be read.
     """
     source = name or (paths[0] if len(paths) == 1 else f"{len(paths)} files")
     triage = Triage(ruleset, source, max_candidates=job_budget(len(paths)))
+    _with_dumps(triage, dumps)
     for path in paths:
         feed_file(triage, path)
     return triage.report()
+
+
+def _with_dumps(triage: Triage, dumps: FlightRecorder | Sequence[str] | None) -> None:
+    if dumps is None:
+        return
+    if isinstance(dumps, str):
+        triage.read_dumps([dumps])
+    elif isinstance(dumps, Sequence):
+        if dumps:
+            triage.read_dumps([str(d) for d in dumps])
+    else:
+        triage.flight_recorder = dumps
 
 
 def job_budget(files: int) -> int:
@@ -487,9 +543,15 @@ def job_budget(files: int) -> int:
     return max(MIN_FILE_CANDIDATES, MAX_CANDIDATES // max(1, files))
 
 
-def triage_text(text: str, ruleset: Ruleset, source: str = "<text>") -> Report:
-    """Triage a log given as a string (rule examples, tests)."""
+def triage_text(
+    text: str,
+    ruleset: Ruleset,
+    source: str = "<text>",
+    dumps: FlightRecorder | Sequence[str] | None = None,
+) -> Report:
+    """Triage a log given as a string (rule examples, tests); ``dumps`` as for triage_path."""
     triage = Triage(ruleset, source)
+    _with_dumps(triage, dumps)
     triage.feed(text.encode("utf-8", "surrogateescape"))
     triage.close()
     return triage.report()

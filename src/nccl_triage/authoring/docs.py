@@ -82,6 +82,8 @@ def describe_clause(clause: Clause) -> str:
         text += ", on the same rank"
     if clause.other_rank:
         text += ", on another rank"
+    if clause.fr_culprit:
+        text += ", on a rank the flight-recorder dumps blame"
     if clause.where:
         text += ", where " + " and ".join(describe_condition(c) for c in clause.where)
     return text
@@ -229,7 +231,14 @@ def causes_markdown(ruleset: Ruleset) -> str:
 
 # The JSON report's fields, in our words (the code that writes them: render/report.py).
 _TOP_FIELDS = (
-    ("schema", "`nccl-triage/1`: the version of this contract. Fields are only ever added."),
+    (
+        "schema",
+        (
+            "`nccl-triage/1.1`: the version of this contract. Fields are only ever added, and "
+            "the minor number grows when they are (1.1: `flight_recorder`, `summary.fr_*` and "
+            "the `fr_*` facts)."
+        ),
+    ),
     ("source", "the input: its path, `<stdin>`, or the job's name in `batch`."),
     (
         "verdict",
@@ -265,6 +274,13 @@ _TOP_FIELDS = (
         "facts",
         "everything known about the job as a whole (below): what rules test and templates use.",
     ),
+    (
+        "flight_recorder",
+        (
+            "what the job's PyTorch flight-recorder dumps say (`triage --fr`, below), or null "
+            "when none were given."
+        ),
+    ),
 )
 _DIAGNOSIS_FIELDS = (
     ("rule", "the id of the rule that made it (`nccl-triage rules show ID`)."),
@@ -299,6 +315,76 @@ _SUMMARY_FIELDS = (
     ("op_types", "the operations that timed out."),
     ("first_timeout_line", "the line of the first timeout, or null."),
     ("world_size", "the job's size when NCCL's lines show it, or null."),
+    ("fr_culprit_ranks", "the ranks the flight-recorder dumps blame (empty without dumps)."),
+    ("fr_side", "`cpu` or `gpu`: where those ranks stopped, when they share a side; or null."),
+)
+# The flight_recorder object: FlightRecorder.to_dict() (flightrec/job.py, flightrec/result.py),
+# the same object as `nccl-triage fr --format json` prints, with sources, problems and read.
+_FR_FIELDS = (
+    ("sources", "the `--fr` arguments: folders, globs, files."),
+    ("problems", "one line per dump that could not be read (`path: reason`)."),
+    ("read", "whether any dump could be read; when false, the fields below are absent."),
+    ("hung", "whether a process group is stuck, or its members disagree."),
+    ("culprit_ranks", "the fewest ranks that explain every stuck group."),
+    ("side", "`cpu` (never enqueued the work), `gpu` (enqueued, never finished), or null."),
+    ("stuck", "the group finding of the first culprit (below), or null."),
+    ("user_frame", "the first culprit's last frame in the job's own code, or null."),
+    ("culprits", "one object per culprit (below)."),
+    ("groups", "one finding per stuck process group (below)."),
+    ("dump_ranks", "the ranks whose dump was read."),
+    ("ranks_without_dump", "members of a group that left no readable dump."),
+    ("notes", "what the dumps cannot tell (a group whose suspects cannot be told apart)."),
+)
+_FR_GROUP_FIELDS = (
+    ("pg_name", "the process group's name (`0`, `2`)."),
+    ("pg_desc", "its description (`default_pg`, `tp_2_3`)."),
+    ("members", "its global ranks."),
+    ("members_from", "where they come from: `pg_config`, or the ranks with records."),
+    (
+        "kind",
+        (
+            "`missing`, `mismatch`, `incomplete`, `not_started`, `no_dump` or `undetermined` "
+            "([flight-recorder.md](flight-recorder.md#the-analysis))."
+        ),
+    ),
+    ("seq", "the collective number (the log's SeqNum), or the p2p number."),
+    ("p2p", "whether it is a send/recv."),
+    ("op", "what most members enqueued (`all_reduce`)."),
+    ("input_sizes", "its input tensor sizes; `output_sizes`, `input_dtypes`, `output_dtypes` too."),
+    ("output_sizes", "its output tensor sizes."),
+    ("input_dtypes", "its input dtypes."),
+    ("output_dtypes", "its output dtypes."),
+    ("missing_ranks", "members that never enqueued it."),
+    ("mismatch_ranks", "members that enqueued something else at that number."),
+    ("suspects", "the ranks this group alone points to."),
+    ("root", "false when every missing member is waiting in another group."),
+    ("waiting_in", "rank -> where it waits, for members blocked elsewhere."),
+    ("summary", "the finding in one line."),
+    (
+        "ranks",
+        (
+            "one row per member: `rank`, `has_dump`, `last_enqueued`, `last_started`, "
+            "`last_completed`, `role` (`ok`, `missing`, `waiting`, `mismatch`, `incomplete`, ...), "
+            "`note`, `record` (below)."
+        ),
+    ),
+)
+_FR_CULPRIT_FIELDS = (
+    ("rank", "the rank."),
+    ("side", "`cpu`, `gpu` or null."),
+    ("kind", "the kind of its strongest finding."),
+    ("reason", "why it is blamed, in one sentence."),
+    ("groups", "the groups it explains."),
+    (
+        "record",
+        (
+            "the record quoted: `record_id`, `pg_id`, `pg_name`, `pg_desc`, `collective_seq_id`, "
+            "`p2p_seq_id`, `op`, `is_p2p`, sizes and dtypes, `state`, `time_created_ns`, "
+            "`time_started_ns`, `time_completed_ns`."
+        ),
+    ),
+    ("frames", "its stack, innermost first: `name`, `filename`, `line` each."),
+    ("user_frame", "the innermost frame outside torch and the standard library."),
 )
 
 
@@ -356,11 +442,33 @@ def json_output_markdown() -> str:
         out.append(f"| `{kind}` | {doc} | {names} |")
     out += [
         "",
+        "### The flight recorder",
+        "",
+        (
+            "With `triage --fr DIR_OR_GLOB` (or `nccl_triage.triage(..., dumps=...)`), "
+            "`flight_recorder` is the analysis of the job's dumps, the object `nccl-triage fr "
+            "--format json` prints, with the first three fields added:"
+        ),
+        "",
+        *table(_FR_FIELDS),
+        "",
+        "A group finding (`stuck`, each of `groups`):",
+        "",
+        *table(_FR_GROUP_FIELDS),
+        "",
+        "A culprit (each of `culprits`):",
+        "",
+        *table(_FR_CULPRIT_FIELDS),
+    ]
+    out += [
+        "",
         "### Facts",
         "",
         (
             "What the log shows about the job as a whole (rules test them under `facts:`; "
-            "templates read them as `facts.NAME`):"
+            "templates read them as `facts.NAME`); the `fr_*` facts are what its flight-recorder "
+            "dumps say (empty, 0 or null without dumps), and the ranks they blame lead "
+            "`culprit_ranks`:"
         ),
         "",
         "| fact | type |",

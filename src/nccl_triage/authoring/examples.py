@@ -1,5 +1,8 @@
 """Runs the examples embedded in rules: each must fire (``match``) or not (``no-match``).
 
+An example's log is triaged with its flight-recorder dumps when it names some (``dumps:``);
+a match must quote its ``evidence`` lines and say its ``advice`` parts.
+
 Input: a :class:`Ruleset`. Output: one :class:`ExampleResult` per example, saying what was
 expected and what fired. Backs ``tests/test_rule_examples.py`` and ``nccl-triage rules test``.
 """
@@ -37,10 +40,15 @@ class ExampleResult:
 
 def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult:
     """Triage one example with the whole ruleset and check the rule's expectation."""
+    dumps = example.dumps or None
     if example.file is not None:
-        report = triage_path(example.file, ruleset)
+        report = triage_path(example.file, ruleset, dumps=dumps)
     else:
-        report = triage_text(example.log or "", ruleset, source=f"{rule.id}::{example.name}")
+        name = f"{rule.id}::{example.name}"
+        report = triage_text(example.log or "", ruleset, source=name, dumps=dumps)
+    problems = report.flight_recorder.problems if report.flight_recorder is not None else ()
+    if problems:  # an example's dumps must all be read: a broken one is the example's failure
+        return ExampleResult(rule, example, False, [], f"dumps: {problems[0]}", problems[0])
     assert report.correlation is not None
     fired = [e.rule.id for e in report.correlation.explanations if e.fired]
     did = rule.id in fired
@@ -64,6 +72,10 @@ def run_example(rule: Rule, example: Example, ruleset: Ruleset) -> ExampleResult
                     f"{rule.id} fired but does not quote {missing[0]!r}; it quotes: "
                     + " | ".join(q[:100] for q in quoted)
                 )
+                return ExampleResult(rule, example, False, fired, message, why, advice, quoted)
+            unsaid = [part for part in example.advice if part not in advice]
+            if unsaid:
+                message = f"{rule.id} fired but its advice does not say {unsaid[0]!r}"
                 return ExampleResult(rule, example, False, fired, message, why, advice, quoted)
             return ExampleResult(rule, example, True, fired, message, why, advice, quoted)
     else:

@@ -8,12 +8,22 @@ pipeline), :mod:`~nccl_triage.batch.run` (the whole run) and :mod:`~nccl_triage.
 """
 
 from nccl_triage.batch.cache import default_db
-from nccl_triage.batch.inputs import DEFAULT_INCLUDE, InputFile, Job, discover, group_jobs
+from nccl_triage.batch.inputs import (
+    DEFAULT_FR_PATTERNS,
+    DEFAULT_INCLUDE,
+    InputFile,
+    Job,
+    attach_dumps,
+    discover,
+    group_jobs,
+    is_dump_name,
+)
 from nccl_triage.batch.run import BatchOptions, BatchResult, BatchStats, Outcome, run_batch
 from nccl_triage.batch.table import COLUMNS, format_summary, format_table, write_table
 
 __all__ = [
     "COLUMNS",
+    "DEFAULT_FR_PATTERNS",
     "DEFAULT_INCLUDE",
     "BatchOptions",
     "BatchResult",
@@ -21,11 +31,13 @@ __all__ = [
     "InputFile",
     "Job",
     "Outcome",
+    "attach_dumps",
     "default_db",
     "discover",
     "format_summary",
     "format_table",
     "group_jobs",
+    "is_dump_name",
     "run_batch",
     "write_table",
 ]

@@ -125,10 +125,15 @@ class ResultCache:
         )
         return digest
 
-    def key(self, job: Job, digests: Sequence[str]) -> str:
-        """The cache key of a job: its files' contents and ranks, in order, and the versions."""
+    def key(self, job: Job, digests: Sequence[str], dumps: Sequence[tuple[str, str]] = ()) -> str:
+        """The cache key of a job.
+
+        Its files' contents and ranks, in order, the versions, and its flight-recorder dumps
+        (content and base name: a dump's rank may come from its name).
+        """
         parts = [[d, f.rank] for f, d in zip(job.files, digests, strict=True)]
-        blob = json.dumps([CACHE_SCHEMA, self.versions, len(job.files) > 1, parts])
+        fr = sorted([d, name.rsplit("/", 1)[-1]] for d, name in dumps)
+        blob = json.dumps([CACHE_SCHEMA, self.versions, len(job.files) > 1, parts, fr])
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def get(self, key: str) -> JobResult | None:

@@ -5,6 +5,12 @@ Input: paths, directories (walked recursively), globs and fsspec URLs (``s3://``
 :class:`Job` objects: per-rank files of one job (torchrun's ``--log-dir`` layout, Slurm
 ``%j``/``%t`` output names, or a ``--group-by`` pattern) make one job, so that facts across
 ranks hold across files.
+
+Flight-recorder dumps are files whose names match a dump pattern (:data:`DEFAULT_FR_PATTERNS`,
+``--fr-pattern``) and end in a rank number. They are never triaged as logs: each folder of
+dumps joins the one job whose logs sit in that folder or above it (else the one job below it,
+as torchrun's run folder holds its ``attempt_N``); a folder that more than one job could claim
+is left out, with a note.
 """
 
 from __future__ import annotations
@@ -21,14 +27,20 @@ from datetime import datetime
 from typing import Any
 
 from nccl_triage.errors import TriageError
+from nccl_triage.flightrec.reader import rank_from_name
 
 JobResult = dict[str, Any]  # plain JSON data: what a worker returns and the cache keeps
 Progress = Callable[[int, int], None]  # (jobs done, jobs to do)
 
-CACHE_SCHEMA = 1  # bump when the layout of JobResult or of the database changes
+CACHE_SCHEMA = 2  # bump when the layout of JobResult or of the database changes
 CACHE_KEEP_DAYS = 90  # results not used for this long are dropped from the cache
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 DEFAULT_INCLUDE = ("*.log", "*.out", "*.err", "*.txt")  # in directories; with COMPRESSED too
+# Names of flight-recorder dumps (the name must also end in the rank number, extensions aside):
+# PyTorch's default TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE prefix
+# (/tmp/nccl_trace_rank_<rank>), names with fr_trace or fr_dump, and nvidia-resiliency-ext's
+# _dump_<rank>.
+DEFAULT_FR_PATTERNS = ("nccl_trace_rank_*", "*fr_trace*", "*fr_dump*", "_dump_*")
 MAX_EVIDENCE = 20  # evidence lines kept per diagnosis
 MAX_TEXT = 500  # characters kept per evidence line
 HEAD_BYTES = 64 << 10  # where the first timestamp of a file is looked for
@@ -62,6 +74,7 @@ class InputFile:
     size: int | None = None
     mtime: float | None = None
     error: str | None = None  # why it cannot be read, when that is known before triage
+    dump: bool = False  # a flight-recorder dump (read with its job's logs, never as a log)
 
     @property
     def is_url(self) -> bool:
@@ -76,6 +89,7 @@ class Job:
     name: str
     files: tuple[InputFile, ...]
     layout: str  # file, torchrun, slurm, pattern
+    dumps: tuple[InputFile, ...] = ()  # its flight-recorder dumps, found beside its logs
 
     @property
     def mtime(self) -> float | None:
@@ -84,29 +98,50 @@ class Job:
         return max(times) if times else None
 
 
-def discover(paths: Iterable[str], include: Sequence[str] = DEFAULT_INCLUDE) -> list[InputFile]:
+def discover(
+    paths: Iterable[str],
+    include: Sequence[str] = DEFAULT_INCLUDE,
+    fr_patterns: Sequence[str] = DEFAULT_FR_PATTERNS,
+) -> list[InputFile]:
     """Expand paths, directories, globs and URLs into files, sorted by name.
 
     Files named explicitly or matched by a glob are always taken; inside directories only the
-    names matching ``include`` (with or without a compression suffix) are. What cannot be
-    listed (a missing path, an unreadable directory, a directory loop, a glob that matches
-    nothing) becomes an :class:`InputFile` carrying its error, so that it shows as a row.
+    names matching ``include`` (with or without a compression suffix) are, and the
+    flight-recorder dumps (:func:`is_dump_name` with ``fr_patterns``), marked ``dump``. What
+    cannot be listed (a missing path, an unreadable directory, a directory loop, a glob that
+    matches nothing) becomes an :class:`InputFile` carrying its error, so that it shows as a row.
     """
     found: dict[str, InputFile] = {}
+    take = (tuple(include), tuple(fr_patterns))
     for path in paths:
         if _URL.match(path) and not path.startswith("file://"):
-            items = _discover_url(path, include)
+            items = _discover_url(path, take)
         elif path.startswith("file://"):
             items = (
-                _discover_url(path, include)
+                _discover_url(path, take)
                 if _have_fsspec()
-                else _discover_local(_file_url_path(path), include)
+                else _discover_local(_file_url_path(path), take)
             )
         else:
-            items = _discover_local(path, include)
+            items = _discover_local(path, take)
         for item in items:
+            if item.error is None and is_dump_name(item.name, fr_patterns):
+                item = replace(item, dump=True)
             found.setdefault(item.name, item)
     return sorted(found.values(), key=lambda f: f.name)
+
+
+_Take = tuple[tuple[str, ...], tuple[str, ...]]  # (include, fr_patterns): names a walk takes
+
+
+def is_dump_name(name: str, fr_patterns: Sequence[str] = DEFAULT_FR_PATTERNS) -> bool:
+    """Tell whether a file is a flight-recorder dump by its name.
+
+    Its base name matches one of ``fr_patterns`` (globs) and ends in a rank number, optionally
+    followed by extensions (``nccl_trace_rank_3``, ``fr_dump_3.json``, ``job7_fr_trace_12.pkl``).
+    """
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    return rank_from_name(base) is not None and any(fnmatch.fnmatch(base, p) for p in fr_patterns)
 
 
 def _file_url_path(url: str) -> str:
@@ -141,7 +176,7 @@ def _included(name: str, include: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(base, pat) for pat in include)
 
 
-def _discover_local(path: str, include: Sequence[str]) -> list[InputFile]:
+def _discover_local(path: str, take: _Take) -> list[InputFile]:
     if "**" in path and not os.path.lexists(path):
         return _recursive_glob(path)
     if _GLOB_CHARS.search(path) and not os.path.lexists(path):
@@ -150,10 +185,10 @@ def _discover_local(path: str, include: Sequence[str]) -> list[InputFile]:
             return [InputFile(path, path, error=f"{path}: no file matches this pattern")]
         out: list[InputFile] = []
         for m in matches:
-            out.extend(_walk(m, include) if os.path.isdir(m) else [_local_file(m)])
+            out.extend(_walk(m, take) if os.path.isdir(m) else [_local_file(m)])
         return out
     if os.path.isdir(path):
-        return _walk(path, include)
+        return _walk(path, take)
     if os.path.islink(path) and not os.path.exists(path):
         return [InputFile(path, path, error=f"{path}: broken symbolic link")]
     if not os.path.lexists(path):
@@ -177,7 +212,7 @@ def _recursive_glob(pattern: str) -> list[InputFile]:
     head = _GLOB_CHARS.split(pattern, maxsplit=1)[0]
     root = head.rsplit("/", 1)[0] if "/" in head else "."
     regex = _glob_regex(pattern if root != "." or pattern.startswith("./") else "./" + pattern)
-    walked = _walk(root or "/", ("*",))
+    walked = _walk(root or "/", (("*",), ()))
 
     def matches(f: InputFile) -> bool:
         return regex.fullmatch(f.name if root != "." else "./" + f.name) is not None
@@ -227,8 +262,11 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def _walk(root: str, include: Sequence[str]) -> list[InputFile]:
-    """Walk a directory tree, following links to directories but never around a loop."""
+def _walk(root: str, take: _Take) -> list[InputFile]:
+    """Walk a directory tree, following links to directories but never around a loop.
+
+    ``take``: the names to take, logs (``include``) and flight-recorder dumps.
+    """
     out: list[InputFile] = []
     seen: set[tuple[int, int]] = set()
 
@@ -267,7 +305,7 @@ def _walk(root: str, include: Sequence[str]) -> list[InputFile]:
                 is_dir = is_file = False
             if is_dir:
                 visit(child, inner)
-            elif not _included(entry.name, include):
+            elif not _takes(entry.name, take):
                 continue
             elif is_file:
                 try:
@@ -281,7 +319,11 @@ def _walk(root: str, include: Sequence[str]) -> list[InputFile]:
     return out
 
 
-def _discover_url(url: str, include: Sequence[str]) -> list[InputFile]:
+def _takes(name: str, take: _Take) -> bool:
+    return _included(name, take[0]) or is_dump_name(name, take[1])
+
+
+def _discover_url(url: str, take: _Take) -> list[InputFile]:
     fsspec = optional_module("fsspec")
     if fsspec is None:
         return [
@@ -308,9 +350,9 @@ def _discover_url(url: str, include: Sequence[str]) -> list[InputFile]:
     for name, info in sorted(infos.items()):
         if info.get("type") == "directory":
             if explicit:
-                out.extend(_discover_url(fs.unstrip_protocol(name), include))
+                out.extend(_discover_url(fs.unstrip_protocol(name), take))
             continue
-        if not explicit and not _included(name, include):
+        if not explicit and not _takes(name, take):
             continue
         full = fs.unstrip_protocol(name)
         out.append(InputFile(full, full, size=info.get("size"), mtime=_info_mtime(info)))
@@ -356,6 +398,8 @@ def group_jobs(
     groups: dict[str, list[InputFile]] = {}
     layouts: dict[str, str] = {}
     for f in files:
+        if f.dump:
+            continue  # dumps join jobs afterwards (attach_dumps)
         key, rank, layout = (f.name, None, "file")
         if f.error is None and not per_file:
             key, rank, layout = _job_key(f.name, regex)
@@ -394,6 +438,71 @@ def _job_key(name: str, regex: re.Pattern[str] | None) -> tuple[str, int | None,
     if m:
         return prefix + m.group("stem") + m.group("job"), None, "slurm"
     return name, None, "file"
+
+
+def attach_dumps(jobs: Sequence[Job], files: Iterable[InputFile]) -> tuple[list[Job], list[str]]:
+    """Give each folder of flight-recorder dumps to the one job it belongs to.
+
+    A folder of dumps belongs to the job whose logs share the deepest folder that holds it (the
+    dumps sit beside the logs or below them); when no job's folder holds it, to the one job
+    whose logs are below it (torchrun's run folder above ``attempt_N``). When two jobs could
+    claim it, or none, its dumps are left out and a note says so.
+
+    Returns:
+        The jobs, with their ``dumps``, and one note per folder of dumps left out.
+    """
+    dumps: dict[str, list[InputFile]] = {}
+    for f in files:
+        if f.dump:
+            dumps.setdefault(_folder(f.name), []).append(f)
+    homes = {job.name: _home(job) for job in jobs}
+    claimed: dict[str, list[InputFile]] = {}
+    notes: list[str] = []
+    for folder, found in sorted(dumps.items()):
+        above = [j for j in jobs if _inside(folder, homes[j.name])]
+        if above:
+            deepest = max(len(homes[j.name]) for j in above)
+            owners = [j for j in above if len(homes[j.name]) == deepest]
+        else:
+            owners = [j for j in jobs if _inside(homes[j.name], folder)]
+        if len(owners) == 1:
+            claimed.setdefault(owners[0].name, []).extend(found)
+            continue
+        where = f"{len(owners)} jobs could claim them" if owners else "no job's logs are there"
+        notes.append(
+            f"{folder}: {len(found)} flight-recorder dump(s) left out: {where} "
+            "(keep one job per folder, or read them with nccl-triage triage LOG --fr DIR)"
+        )
+    out = [
+        replace(j, dumps=tuple(sorted(claimed[j.name], key=lambda f: f.name)))
+        if j.name in claimed
+        else j
+        for j in jobs
+    ]
+    return out, notes
+
+
+def _folder(name: str) -> str:
+    head = name.rstrip("/").rsplit("/", 1)
+    return head[0] if len(head) == 2 and head[0] else "."
+
+
+def _home(job: Job) -> str:
+    """The deepest folder holding every log of a job."""
+    folders = [_folder(f.name).split("/") for f in job.files]
+    common: list[str] = []
+    for parts in zip(*folders, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return "/".join(common) or "."
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Tell whether ``path`` is ``folder`` or below it (``.`` holds every relative path)."""
+    if folder == ".":
+        return not path.startswith("/") and not _URL.match(path)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def os_error_reason(exc: OSError) -> str:

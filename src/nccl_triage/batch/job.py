@@ -37,10 +37,12 @@ def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
     A file that cannot be read adds its error and nothing else; the job is triaged from the
     files that could be read. Line numbers stay per file, and evidence names its file by
     index into ``job.files``. In a job of several files, events of a file that does not say
-    their rank get the file's rank: the one rank its lines name, or the layout's.
+    their rank get the file's rank: the one rank its lines name, or the layout's. The job's
+    flight-recorder dumps join its facts; one that cannot be read is a note.
     """
     errors: list[list[Any]] = [[i, f.error, "access"] for i, f in enumerate(job.files) if f.error]
     triage = Triage(ruleset, job.name, max_candidates=job_budget(len(job.files)))
+    dump_notes = _read_dumps(triage, job)
     heads: list[str] = []
     read = 0
     for i, f in enumerate(job.files):
@@ -64,7 +66,20 @@ def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
             heads.append(head)
     if not read:
         return {"verdict": None, "errors": errors, "files_read": 0}
-    return _result(job, triage.report(), ruleset, heads, errors, read)
+    result = _result(job, triage.report(), ruleset, heads, errors, read)
+    result["notes"] = [*dump_notes, *result["notes"]]
+    return result
+
+
+def _read_dumps(triage: Triage, job: Job) -> list[str]:
+    """Read the job's flight-recorder dumps into ``triage``; return one note per problem."""
+    notes = [f"{d.error}" for d in job.dumps if d.error]
+    remote = [d.name for d in job.dumps if d.is_url and not d.error]
+    notes.extend(f"{name}: flight-recorder dumps are read from local paths only" for name in remote)
+    local = [d.path for d in job.dumps if not d.is_url and not d.error]
+    if local:
+        notes.extend(triage.read_dumps(local).problems)
+    return notes
 
 
 def _feed_file(triage: Triage, f: InputFile, several: bool) -> str | None:
@@ -150,6 +165,7 @@ def _result(
         *(m.group(0) for e in everything if e.time and (m := ISO_TIME_STR.search(e.time))),
     ]
     culprit = _culprit(report)
+    fr = report.flight_recorder
     return {
         "verdict": report.verdict,
         "diagnoses": diagnoses,
@@ -168,9 +184,29 @@ def _result(
         "hosts": sorted({e.host for e in everything if e.host}),
         "first_time": min((t.replace(" ", "T") for t in times), default=None),
         "unparsed": len(report.unparsed),
+        "flight_recorder": _dump_summary(report) if fr is not None else None,
         "errors": errors,
         "notes": notes,
         "files_read": files_read,
+    }
+
+
+def _dump_summary(report: Report) -> dict[str, Any]:
+    """What the job's dumps say, as plain data: counts, culprits, side, stuck collective, frame."""
+    facts = report.facts
+    stuck = None
+    if facts.fr_stuck_op is not None:
+        stuck = f"{facts.fr_stuck_op} #{facts.fr_stuck_seq} of process group {facts.fr_stuck_pg}"
+        if facts.fr_stuck_pg_desc:
+            stuck += f" ({facts.fr_stuck_pg_desc})"
+    return {
+        "dumps": facts.fr_dumps,
+        "hung": facts.fr_hung,
+        "culprit_ranks": facts.fr_culprit_ranks,
+        "side": facts.fr_side,
+        "kind": facts.fr_kind,
+        "stuck": stuck,
+        "frame": facts.fr_frame,
     }
 
 

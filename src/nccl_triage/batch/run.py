@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 from nccl_triage.batch.cache import ResultCache, code_version
 from nccl_triage.batch.engines import run_dask, run_processes, run_serial
 from nccl_triage.batch.inputs import (
+    DEFAULT_FR_PATTERNS,
     DEFAULT_INCLUDE,
     SERIAL_BELOW,
     InputFile,
     Job,
     JobResult,
     Progress,
+    attach_dumps,
     discover,
     group_jobs,
 )
@@ -66,6 +68,7 @@ class BatchStats:
     """How the run went."""
 
     files: int = 0
+    dumps: int = 0  # flight-recorder dumps found (read with their jobs, not as logs)
     jobs: int = 0
     triaged: int = 0
     cached: int = 0
@@ -109,6 +112,7 @@ class BatchOptions:
     """How to find, group and triage the inputs."""
 
     include: Sequence[str] = DEFAULT_INCLUDE
+    fr_patterns: Sequence[str] = DEFAULT_FR_PATTERNS  # names of flight-recorder dumps
     group_by: str | None = None
     per_file: bool = False
     workers: int = 0  # 0: one per CPU, serial for a few jobs
@@ -130,10 +134,13 @@ def run_batch(
     """
     opts = options or BatchOptions()
     start = time.perf_counter()
-    files = discover(paths, opts.include)
-    jobs = group_jobs(files, opts.group_by, opts.per_file)
-    stats = BatchStats(files=sum(1 for f in files if f.error is None), jobs=len(jobs))
-    notes: list[str] = []
+    files = discover(paths, opts.include, opts.fr_patterns)
+    jobs, notes = attach_dumps(group_jobs(files, opts.group_by, opts.per_file), files)
+    stats = BatchStats(
+        files=sum(1 for f in files if f.error is None and not f.dump),
+        dumps=sum(1 for f in files if f.dump),
+        jobs=len(jobs),
+    )
     cache: ResultCache | None = None
     if opts.db is not None:
         stats.cache_path = str(opts.db)
@@ -191,9 +198,15 @@ def _hashed(job: Job, cache: ResultCache, keys: dict[str, str]) -> Job:
             files.append(f)
         except InputError as exc:
             files.append(replace(f, error=str(exc)))
+    dumps: list[tuple[str, str]] = []  # (digest, name): a dump's rank may come from its name
+    for d in job.dumps:
+        try:
+            dumps.append((cache.digest(d) if d.error is None else "error", d.name))
+        except InputError:
+            dumps.append(("error", d.name))
     job = replace(job, files=tuple(files))
     if all(f.error is None for f in files):
-        keys[job.name] = cache.key(job, digests)
+        keys[job.name] = cache.key(job, digests, dumps)
     return job
 
 

@@ -44,13 +44,18 @@ COLUMNS = (
     "hosts",  # every host the job's lines name, "," separated
     "first_time",  # the first dated timestamp in the job's logs
     "lines",
+    "fr_dumps",  # flight-recorder dumps read with the job (found beside its logs)
+    "fr_culprit_ranks",  # the ranks they blame, "3" or "9,14"
+    "fr_side",  # cpu | gpu
+    "fr_frame",  # the first culprit's last user frame, "train.py:187 in train_step"
     "error",  # why a file could not be read ("; " separated)
 )
-_INT_COLUMNS = ("files", "diagnoses", "seq", "timeout_ms", "culprit_rank", "lines")
+_INT_COLUMNS = ("files", "diagnoses", "seq", "timeout_ms", "culprit_rank", "lines", "fr_dumps")
 
 
 def _row(o: Outcome, d: dict[str, Any] | None) -> dict[str, Any]:
     r = o.result
+    fr = r.get("flight_recorder")
     verdict = o.verdict
     if d is not None:
         cause, rule, severity, conf = d["cause"], d["rule"], d["severity"], d["confidence"]
@@ -79,6 +84,12 @@ def _row(o: Outcome, d: dict[str, Any] | None) -> dict[str, Any]:
         "hosts": ",".join(r.get("hosts") or []) or None,
         "first_time": r.get("first_time"),
         "lines": r.get("lines"),
+        "fr_dumps": fr.get("dumps") if fr else None,
+        "fr_culprit_ranks": ",".join(str(x) for x in fr.get("culprit_ranks") or []) or None
+        if fr
+        else None,
+        "fr_side": fr.get("side") if fr else None,
+        "fr_frame": fr.get("frame") if fr else None,
         "error": "; ".join(o.errors) or None,
     }
 
@@ -217,6 +228,7 @@ class Summary:
     hosts: list[tuple[str, int, int]]  # host, failed jobs naming it, as culprit host
     rules: list[tuple[str, int]]  # rule, jobs where it is the top diagnosis
     first: list[tuple[str, str, str, float]]  # job, cause, severity, confidence
+    with_dumps: int = 0  # jobs whose flight-recorder dumps were read with them
 
 
 def summarize(outcomes: Sequence[Outcome], top: int = 10) -> Summary:
@@ -259,6 +271,7 @@ def summarize(outcomes: Sequence[Outcome], top: int = 10) -> Summary:
         hosts=hosts[:top],
         rules=rules[:top],
         first=first,
+        with_dumps=int(df["fr_dumps"].notna().sum()),
     )
 
 
@@ -269,6 +282,8 @@ def format_summary(s: Summary, stats: BatchStats | None = None) -> str:
         f"{s.unreadable} unreadable"
         + (f"; {s.with_errors} with unreadable files" if s.with_errors > s.unreadable else "")
     ]
+    if s.with_dumps:
+        out[0] += f"; {s.with_dumps} with flight-recorder dumps"
     if stats is not None:
         engine = stats.engine + (f" x{stats.workers}" if stats.workers > 1 else "")
         out.append(

@@ -69,6 +69,15 @@ from nccl_triage.errors import TriageError
     "compressed or not).",
 )
 @click.option(
+    "--fr-pattern",
+    "fr_patterns",
+    multiple=True,
+    metavar="GLOB",
+    help="Names of flight-recorder dumps (repeatable; default nccl_trace_rank_* *fr_trace* "
+    "*fr_dump* _dump_*, and the name must end in the rank number). Dumps are read with the job "
+    "whose logs share their folder, never triaged as logs.",
+)
+@click.option(
     "--db",
     "db_path",
     type=click.Path(dir_okay=False),
@@ -102,6 +111,7 @@ def batch(
     group_by: str | None,
     no_group: bool,
     include: tuple[str, ...],
+    fr_patterns: tuple[str, ...],
     db_path: str | None,
     no_cache: bool,
     engine: str,
@@ -114,7 +124,8 @@ def batch(
     """Triage every job log under PATH... into one table, a summary and an HTML report.
 
     PATH is a file, a directory (searched recursively), a glob, or an fsspec URL (s3://,
-    gs://, file://). Results are cached by content, so a rerun over a growing archive only
+    gs://, file://). PyTorch flight-recorder dumps found beside a job's logs are read with it
+    (--fr-pattern). Results are cached by content, so a rerun over a growing archive only
     triages what is new or changed.
     """
     from nccl_triage import batch as b
@@ -134,6 +145,7 @@ def batch(
     ruleset = load_rules(rule_dirs, only, disable)
     options = b.BatchOptions(
         include=include or b.DEFAULT_INCLUDE,
+        fr_patterns=fr_patterns or b.DEFAULT_FR_PATTERNS,
         group_by=group_by,
         per_file=no_group,
         workers=workers,

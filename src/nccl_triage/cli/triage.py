@@ -1,8 +1,9 @@
 """``nccl-triage triage``: the diagnosis of each input, as text, Markdown or JSON.
 
-Input: paths (``-`` for stdin, compressed or not) and the rule sources. Output: per input, the
-verdict, the causes most likely first with the lines that prove them, and the advice; the exit
-status of the JSON contract.
+Input: paths (``-`` for stdin, compressed or not), the job's flight-recorder dumps (``--fr``)
+and the rule sources. Output: per input, the verdict, the causes most likely first with the
+lines that prove them, what the dumps say, and the advice; one line on stderr per input or
+dump that cannot be read; the exit status of the JSON contract.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ from nccl_triage.errors import TriageError
     help="Colour the text output (default: on a terminal, unless NO_COLOR is set).",
 )
 @click.option(
+    "--fr",
+    "fr_sources",
+    multiple=True,
+    metavar="DIR_OR_GLOB",
+    help="The job's PyTorch flight-recorder dumps (repeatable): a folder of per-rank dumps "
+    "(names ending in the rank), a glob or files. Their culprit ranks, side and frame join "
+    "the diagnosis of each LOG.",
+)
+@click.option(
     "--max-candidates",
     type=click.IntRange(min=0),
     default=500_000,
@@ -61,12 +71,21 @@ def triage(
     explain: bool,
     color: bool | None,
     max_candidates: int,
+    fr_sources: tuple[str, ...],
 ) -> None:
-    """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
+    """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice.
+
+    With --fr, the job's flight-recorder dumps are read once and joined to each LOG: the ranks
+    they blame, on the CPU or the GPU side, and the code those ranks were last in.
+    """
+    from nccl_triage.flightrec.job import read_flight_recorder
     from nccl_triage.pipeline import triage_path
     from nccl_triage.render.report import render_json_line, render_markdown, render_text
 
     ruleset = load_rules(rule_dirs, only, disable)
+    dumps = read_flight_recorder(fr_sources) if fr_sources else None
+    for problem in dumps.problems if dumps is not None else ():
+        error(problem)
     out = sys.stdout
     if color is None:
         color = out.isatty() and not os.environ.get("NO_COLOR")
@@ -76,7 +95,7 @@ def triage(
     with quiet_broken_pipe():
         for path in logs:
             try:
-                report = triage_path(path, ruleset, max_candidates=max_candidates)
+                report = triage_path(path, ruleset, max_candidates=max_candidates, dumps=dumps)
                 if fmt == "json":
                     text = render_json_line(report, ruleset.template_dirs) + "\n"
                 elif fmt == "markdown":

@@ -8,11 +8,17 @@ A rule fires on its first trigger event (``match``) for which every context clau
 event or signal of the named kind within the window (lines and/or seconds, before, after or
 around the trigger, optionally on the same or another rank), or its absence
 (``present: false``), and for which the job facts satisfy ``facts``.
+
+Flight-recorder dumps, when the job has them, weigh in: evidence on a rank they blame counts
+fully, evidence on a rank whose dump shows it reached the stuck collective counts as little
+as a rank that timed out (the dumps clear it), and ``fr_culprit`` clauses keep only events
+on the blamed ranks. Without dumps nothing changes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nccl_triage.ingest.regex import compile_regex
@@ -87,12 +93,11 @@ def _evaluate(
             " matching " + _describe_all(rule.match.where) if rule.match.where else ""
         )
         return None, f"no {what} event"
-    culprits = set(facts.get("culprit_ranks") or ())
-    timed_out = set(facts.get("ranks_timed_out") or ())
+    ranks = Ranks.of(facts)
     best: Finding | None = None
     last_reason = ""
     for trigger in triggers[:MAX_TRIGGERS]:
-        finding, reason = _try(rule, trigger, by_kind, ends, culprits, timed_out, own)
+        finding, reason = _try(rule, trigger, by_kind, ends, ranks, own)
         if finding is None:
             last_reason = reason
         elif best is None or finding.confidence > best.confidence + 0.005:
@@ -102,13 +107,33 @@ def _evaluate(
     return best, f"fired on line {best.trigger.line}"
 
 
+@dataclass(frozen=True, slots=True)
+class Ranks:
+    """What the job facts say about ranks, as evidence is weighed against them."""
+
+    culprits: frozenset[int]  # the log's likely culprits, the dumps' first
+    timed_out: frozenset[int]
+    blamed: frozenset[int] = frozenset()  # blamed by the flight-recorder dumps
+    cleared: frozenset[int] = frozenset()  # their dumps show they reached the stuck collective
+
+    @classmethod
+    def of(cls, facts: Mapping[str, Any]) -> Ranks:
+        """Read the ranks out of the job facts (plain values)."""
+        blamed = frozenset(facts.get("fr_culprit_ranks") or ())
+        return cls(
+            frozenset(facts.get("culprit_ranks") or ()),
+            frozenset(facts.get("ranks_timed_out") or ()),
+            blamed,
+            frozenset(facts.get("fr_reached_ranks") or ()) - blamed,
+        )
+
+
 def _try(
     rule: Rule,
     trigger: Event,
     by_kind: dict[str, list[Event]],
     ends: Mapping[str, int],
-    culprits: set[int],
-    timed_out: set[int],
+    ranks: Ranks,
     own: frozenset[tuple[str, int]] = frozenset(),
 ) -> tuple[Finding | None, str]:
     """Try one trigger: ``own`` are the lines of the failures themselves (``outside_nccl``)."""
@@ -118,7 +143,9 @@ def _try(
     for i, clause in enumerate(rule.context):
         hits = [c for c in by_kind.get(clause.event, []) if _in_context(c, trigger, clause, ends)]
         if clause.culprit:
-            hits = [c for c in hits if c.rank is None or c.rank in culprits]
+            hits = [c for c in hits if c.rank is None or c.rank in ranks.culprits]
+        if clause.fr_culprit:
+            hits = [c for c in hits if c.rank in ranks.blamed]
         if clause.running:
             hits = [c for c in hits if _running(c, trigger) is not False]
         if clause.outside_nccl:
@@ -130,7 +157,7 @@ def _try(
         if not clause.present and hits:
             return None, f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"
         if clause.present:
-            scored = [(weigh(c, trigger, ends, culprits, timed_out), c) for c in hits]
+            scored = [(weigh(c, trigger, ends, ranks), c) for c in hits]
             # the strongest evidence; among near equals, one before the trigger, then the nearest
             weight, hit = max(
                 scored,
@@ -197,9 +224,7 @@ def _distance(c: Event, trigger: Event) -> int:
     return abs(c.line - trigger.line) if c.source == trigger.source else 1 << 30
 
 
-def weigh(
-    c: Event, trigger: Event, ends: Mapping[str, int], culprits: set[int], timed_out: set[int]
-) -> Weight:
+def weigh(c: Event, trigger: Event, ends: Mapping[str, int], ranks: Ranks) -> Weight:
     """How convincing a context event is as evidence for a trigger (see :class:`Weight`)."""
     if c.source == trigger.source:
         gap = trigger.line - _end_line(c)
@@ -217,9 +242,13 @@ def weigh(
     timing = 0.7 if began_before is None else 1.0 if began_before else 0.6
     if c.rank is None:
         rank = 0.7
-    elif c.rank in culprits:
+    elif c.rank in ranks.blamed:
         rank = 1.0
-    elif c.rank in timed_out:
+    elif c.rank in ranks.cleared:
+        rank = 0.4  # its dump shows it reached the collective the others are stuck in
+    elif c.rank in ranks.culprits:
+        rank = 1.0
+    elif c.rank in ranks.timed_out:
         rank = 0.4
     else:
         rank = 0.6

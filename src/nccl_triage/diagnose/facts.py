@@ -13,13 +13,18 @@ of collectives (``out_of_step``). One SeqNum apart is a rank simply behind (``la
 when the one ahead already completed the collective the other is stuck in: that collective
 ran on every rank, and the late rank stopped afterwards (a save, an evaluation, a hang); it
 is out of step when nothing says so.
+
+Flight-recorder dumps, when a job has them, add their own facts (``fr_*``, computed by
+:mod:`nccl_triage.flightrec` and joined by :func:`add_dump_facts`): the ranks they blame lead
+``culprit_ranks``, so rules that look for a culprit's activity look on those ranks first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nccl_triage.model import Event, Kind, is_failure
@@ -327,3 +332,24 @@ def _culprits(facts: JobFacts) -> list[int]:
     for group in candidates:
         order.extend(r for r in group if r is not None and r not in order)
     return order
+
+
+_FR_FACTS = frozenset(f.name for f in dataclasses.fields(JobFacts) if f.name.startswith("fr_"))
+
+
+def add_dump_facts(facts: JobFacts, values: Mapping[str, Any]) -> JobFacts:
+    """Join what a job's flight-recorder dumps say to the facts of its log.
+
+    Args:
+        facts: the log's facts (changed in place).
+        values: plain ``fr_*`` values (``FlightRecorder.facts()``); other keys are ignored.
+
+    Returns:
+        ``facts``, whose ``culprit_ranks`` now start with the ranks the dumps blame.
+    """
+    for name, value in values.items():
+        if name in _FR_FACTS:
+            setattr(facts, name, list(value) if isinstance(value, list | tuple) else value)
+    blamed = list(facts.fr_culprit_ranks)
+    facts.culprit_ranks = blamed + [r for r in facts.culprit_ranks if r not in blamed]
+    return facts

@@ -133,6 +133,9 @@ def read_dump(path: str | Path) -> FrDump:
     """
     name = str(path)
     try:
+        if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():
+            # a FIFO or a device would block or never end; a dump is a file at rest
+            raise InputError(name, "not a regular file")
         data = Path(path).read_bytes()
     except IsADirectoryError:
         raise InputError(name, "is a directory") from None

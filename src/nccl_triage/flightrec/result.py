@@ -35,6 +35,9 @@ class FindingKind(StrEnum):
     UNDETERMINED = "undetermined"  # enqueued everywhere, finished nowhere, nothing tells apart
 
 
+# Roles of a stuck group's members that never enqueued its stuck collective.
+_NOT_REACHED = frozenset({"missing", "waiting", "no_dump", "unknown"})
+
 TIER = {
     FindingKind.MISSING: 0,
     FindingKind.MISMATCH: 0,
@@ -211,13 +214,18 @@ class FrAnalysis:
         """Return flat facts (plain values only) for the rule engine's job facts.
 
         Returns:
-            ``culprit_ranks`` and ``fr_*`` keys: side, kind, stuck group/op/seq, missing and
-            mismatched ranks, the culprit's user frame, counts of dumps and stuck groups.
+            ``fr_*`` keys, each a field of the job facts: the culprits and their side, the
+            kind of the stuck collective and its group, op, number, sizes and dtypes, the
+            ranks that reached it, the missing and mismatched ranks, the culprit's user frame, counts of dumps
+            and stuck groups.
         """
         stuck = self.stuck
         frame = self.user_frame
+        first = self.culprits[0] if self.culprits else None
+        # the members that enqueued the stuck collective (those missing from it did not)
+        reached = [s.rank for s in stuck.ranks if s.role not in _NOT_REACHED] if stuck else []
         return {
-            "culprit_ranks": list(self.culprit_ranks),
+            "fr_culprit_ranks": list(self.culprit_ranks),
             "fr_hung": self.hung,
             "fr_side": str(self.side) if self.side else None,
             "fr_cpu_ranks": [c.rank for c in self.culprits if c.side is Side.CPU],
@@ -228,8 +236,13 @@ class FrAnalysis:
             "fr_stuck_op": stuck.op if stuck else None,
             "fr_stuck_seq": stuck.seq if stuck else None,
             "fr_stuck_p2p": stuck.p2p if stuck else None,
+            "fr_stuck_sizes": sizes_text(stuck.input_sizes) if stuck else None,
+            "fr_stuck_dtypes": ",".join(sorted(set(stuck.input_dtypes))) or None if stuck else None,
+            "fr_reached_ranks": reached,
             "fr_missing_ranks": sorted({r for g in self.groups if g.root for r in g.missing_ranks}),
             "fr_mismatch_ranks": sorted({r for g in self.groups for r in g.mismatch_ranks}),
+            "fr_reason": first.reason if first else None,
+            "fr_culprit_op": describe(first.record) if first and first.record else None,
             "fr_frame": str(frame) if frame else None,
             "fr_frame_file": frame.filename if frame else None,
             "fr_frame_line": frame.line if frame else None,
@@ -267,11 +280,16 @@ def user_frame(frames: Iterable[Frame]) -> Frame | None:
     return next((f for f in frames if is_user_frame(f)), None)
 
 
+def sizes_text(sizes: Iterable[Iterable[int]]) -> str:
+    """Tensor sizes for people: ``[8]``, ``[1024, 4096]x[8]``; ``[]`` for none."""
+    return "x".join(str(list(s)) for s in sizes) or "[]"
+
+
 def describe(record: FrRecord | None) -> str:
     """One record for people: the op, its input sizes and dtypes."""
     if record is None:
         return "?"
-    sizes = "x".join(str(list(s)) for s in record.input_sizes) or "[]"
+    sizes = sizes_text(record.input_sizes)
     dtypes = ",".join(sorted(set(record.input_dtypes))) or "-"
     return f"{record.op} {sizes} {dtypes}"
 

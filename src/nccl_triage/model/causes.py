@@ -31,7 +31,8 @@ CAUSE_LIST = (
         "that times out, when gathering the state dict is itself slow.",
         "A save announced before the timeout (`Saving model checkpoint to`, `save_pretrained`, "
         "DeepSpeed's and Lightning's save lines) with no end of it, on a rank that did not time "
-        "out; a large `_ALLGATHER_BASE` at save time; a save in the stack of the collective.",
+        "out; a large `_ALLGATHER_BASE` at save time; a save in the stack of the collective; "
+        "with flight-recorder dumps, the rank they blame saving, or last seen in a save.",
         "Raise the timeout above the save's duration, save from one rank and put a barrier "
         "after it, use sharded or asynchronous checkpoints, write to fast local storage.",
     ),
@@ -99,7 +100,8 @@ CAUSE_LIST = (
         "exit, a model that differs across ranks.",
         "Different OpType or sizes at the same SeqNum across ranks, different last-enqueued "
         "work numbers, PyTorch's collective fingerprint check, DDP's check of the model, NCCL's "
-        "own mismatch warnings, a flight-recorder analysis naming the odd rank.",
+        "own mismatch warnings, a flight-recorder analysis naming the odd rank, dumps whose "
+        "records differ at one collective number.",
         "`TORCH_DISTRIBUTED_DEBUG=DETAIL`, the flight recorder, `Join` for uneven inputs; make "
         "every rank call the same collectives in the same order.",
     ),
@@ -110,7 +112,9 @@ CAUSE_LIST = (
         "data loader, a busy loop) while the others waited in a barrier or a collective; the "
         "wait outlasted the timeout although nothing was broken.",
         "`main_process_first`, `Map:`/`Tokenizing` progress bars on one rank, evaluation lines, "
-        "one rank far behind in SeqNum or still printing progress when the others timed out.",
+        "one rank far behind in SeqNum or still printing progress when the others timed out; "
+        "flight-recorder dumps in which a rank never enqueued the collective the others wait "
+        "in while its device had nothing left to run (the CPU side: its Python was elsewhere).",
         "Do one-rank work before the process group starts, or raise the timeout for that phase; "
         "preprocess offline; spread evaluation over the ranks.",
     ),
@@ -120,7 +124,9 @@ CAUSE_LIST = (
         "The device stopped working or reported corrupted state: an Xid, ECC errors, a GPU that "
         "fell off the bus, device-level CUDA errors on one rank only.",
         "`Xid`, `ECC error`, `GPU has fallen off the bus`, `CUDA error: an illegal memory access` "
-        "or `unknown error` on one rank, NCCL's `Cuda failure 999 'unknown error'`.",
+        "or `unknown error` on one rank, NCCL's `Cuda failure 999 'unknown error'`; "
+        "flight-recorder dumps in which one rank's device never finished a collective its "
+        "peers finished (the GPU side: the dumps alone cannot tell the device from its link).",
         "Drain the node, run `nvidia-smi -q` and DCGM diagnostics, resume from the last "
         "checkpoint on other hardware.",
     ),
@@ -147,8 +153,9 @@ CAUSE_LIST = (
         "a collective failed, and the log holds no line that says why",
         "The failure is in the log, but nothing around it points to a cause.",
         "Only the failure itself.",
-        "Run again with the flight recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`), "
-        "`TORCH_NCCL_DESYNC_DEBUG=1` and `NCCL_DEBUG=INFO`, and keep every rank's output.",
+        "Run again with the flight recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`, its dumps read "
+        "by `nccl-triage triage LOG --fr DIR`), `TORCH_NCCL_DESYNC_DEBUG=1` and "
+        "`NCCL_DEBUG=INFO`, and keep every rank's output.",
     ),
 )
 

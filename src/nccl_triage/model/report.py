@@ -7,12 +7,16 @@ of; :mod:`nccl_triage.render` turns a report into text, markdown or JSON.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nccl_triage.model.events import Event
 from nccl_triage.model.rules import Finding, Rule
 
-SCHEMA = "nccl-triage/1"
+if TYPE_CHECKING:
+    # Plain frozen data built by flightrec/, which sits above this package.
+    from nccl_triage.flightrec.job import FlightRecorder
+
+SCHEMA = "nccl-triage/1.1"  # 1.1: flight_recorder and the fr_* facts
 
 # NumelIn/NumelOut count elements, not bytes, and the dtype is not in the line. Mixed-precision
 # training moves bf16/fp16 (2 bytes) in its big collectives; that is what the estimate assumes.
@@ -65,6 +69,34 @@ class JobFacts:
     # what each rank printed last, culprits first: {rank, timed_out, line, text, progress}
     # (progress: its last bar or counter, {desc, n, total, percent, elapsed_s, line})
     rank_activity: list[dict[str, Any]] = field(default_factory=list)
+    # What the job's flight-recorder dumps say (triage --fr, dumps beside a job in batch);
+    # empty, 0 or None without dumps. Culprits: ranks that never enqueued the stuck collective
+    # (CPU side) or whose device never finished it while others did (GPU side).
+    fr_dumps: int = 0  # dumps read
+    fr_hung: bool = False  # a process group is stuck (or its members disagree) per the dumps
+    fr_culprit_ranks: list[int] = field(default_factory=list)  # also lead culprit_ranks
+    fr_side: str | None = None  # cpu | gpu, when the culprits share one
+    fr_cpu_ranks: list[int] = field(default_factory=list)
+    fr_gpu_ranks: list[int] = field(default_factory=list)
+    fr_kind: str | None = None  # missing | mismatch | incomplete | not_started | no_dump | ...
+    fr_stuck_pg: str | None = None  # the stuck collective's process group (name)
+    fr_stuck_pg_desc: str | None = None  # its description (default_pg, tp_2_3)
+    fr_stuck_op: str | None = None  # all_reduce, _allgather_base, send 0->1 ...
+    fr_stuck_seq: int | None = None  # its collective number (the log's SeqNum)
+    fr_stuck_p2p: bool | None = None
+    fr_stuck_sizes: str | None = None  # input sizes: "[8]", "[1024, 4096]x[8]"
+    fr_stuck_dtypes: str | None = None  # "Float", "BFloat16"
+    fr_reached_ranks: list[int] = field(default_factory=list)  # members that enqueued it
+    fr_missing_ranks: list[int] = field(default_factory=list)  # members that never did
+    fr_mismatch_ranks: list[int] = field(default_factory=list)
+    fr_reason: str | None = None  # why the dumps blame the first culprit, in one sentence
+    fr_culprit_op: str | None = None  # its record quoted: "broadcast [4] Float"
+    fr_frame: str | None = None  # the first culprit's last user frame: "file:line in function"
+    fr_frame_file: str | None = None
+    fr_frame_line: int | None = None
+    fr_frame_function: str | None = None
+    fr_stuck_groups: int = 0
+    fr_ranks_without_dump: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the facts as plain data (for templates, JSON and rule conditions)."""
@@ -114,6 +146,7 @@ class Report:
     unparsed: list[Unparsed] = field(default_factory=list)
     correlation: Correlation | None = None
     notes: list[str] = field(default_factory=list)  # about the input: empty, binary, skipped
+    flight_recorder: FlightRecorder | None = None  # the job's dumps, when some were given
 
     def culprit(self) -> tuple[int | None, Event | None]:
         """The rank most likely at fault, and the line that shows it.
@@ -121,11 +154,17 @@ class Report:
         The top diagnosis's evidence names it when it can (a rank that did not time out: the
         one saving, crashing, out of memory); else the facts do (the rank that failed of its
         own accord, a rank the log shows not timing out, the furthest behind). A rank the log
-        never shows is never a culprit: nothing says what it did.
+        never shows is never a culprit: nothing says what it did. Flight-recorder dumps say
+        it directly: a rank they blame is the culprit, quoted by the top diagnosis's evidence
+        on that rank when there is some.
         """
         timed_out = set(self.facts.ranks_timed_out)
         top = self.findings[0] if self.findings else None
         line = top.evidence[0] if top and top.evidence else None
+        blamed = self.facts.fr_culprit_ranks
+        if blamed:
+            shown = next((ev for ev in top.evidence if ev.rank in blamed), None) if top else None
+            return (shown.rank, shown) if shown is not None else (blamed[0], line)
         if top is not None:
             for ev in top.evidence:
                 if ev.rank is not None and ev.rank not in timed_out:

@@ -118,11 +118,15 @@ class Clause:
     running: bool = False  # it began before the collective was entered and had not ended
     outside_nccl: bool = False  # not on a line read as NCCL's own error (a crash inside NCCL)
     optional: bool = False  # quoted (and weighed) when present; the rule fires without it
+    fr_culprit: bool = False  # on a rank the flight-recorder dumps blame (never without dumps)
 
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    """An example log a rule must (``match``) or must not (``no-match``) fire on."""
+    """An example log a rule must (``match``) or must not (``no-match``) fire on.
+
+    ``dumps`` are the job's flight-recorder dumps, read with the log (``triage --fr``).
+    """
 
     name: str
     expect: str  # match | no-match
@@ -130,6 +134,8 @@ class Example:
     file: str | None
     source: Location
     evidence: tuple[str, ...] = ()  # parts of the lines the finding must quote (match only)
+    dumps: tuple[str, ...] = ()  # the job's flight-recorder dumps: directories or files
+    advice: tuple[str, ...] = ()  # parts the rendered advice must hold (match only)
 
 
 @dataclass(frozen=True, slots=True)

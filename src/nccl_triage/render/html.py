@@ -164,6 +164,12 @@ def _facts_line(r: JobResult) -> str:
             f"culprit rank {r['culprit_rank']}"
             + (f" on {r['culprit_host']}" if r.get("culprit_host") else "")
         )
+    fr = r.get("flight_recorder")
+    if fr and fr.get("culprit_ranks"):
+        ranks = ",".join(str(x) for x in fr["culprit_ranks"])
+        side = f" ({fr['side']} side)" if fr.get("side") else ""
+        frame = f", last in {fr['frame']}" if fr.get("frame") else ""
+        parts.append(f"flight recorder: rank(s) {ranks}{side}{frame}")
     if r.get("hosts"):
         parts.append("hosts: " + ", ".join(r["hosts"]))
     if r.get("lines") is not None:

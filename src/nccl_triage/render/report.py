@@ -51,8 +51,11 @@ def report_json(report: Report, template_dirs: Sequence[Path]) -> dict[str, Any]
             "first_timeout_line": min((e.line for e in timeouts), default=None),
             "world_size": report.facts.world_size,
             "ranks_not_timed_out": report.facts.ranks_not_timed_out,
+            "fr_culprit_ranks": report.facts.fr_culprit_ranks,
+            "fr_side": report.facts.fr_side,
         },
         "facts": report.facts.to_dict(),
+        "flight_recorder": fr.to_dict() if (fr := report.flight_recorder) is not None else None,
     }
 
 
@@ -74,12 +77,14 @@ def render_text(report: Report, template_dirs: Sequence[Path], color: bool = Fal
 
     lines: list[str] = []
     notes = [f"   note: {note}" for note in report.notes]
+    dumps = [f"   {line}" for line in _dump_lines(report)]
     if report.verdict == "clean":
         lines.append(paint(headline(report), "32"))
-        return "\n".join([*lines, *notes]) + "\n"
+        return "\n".join([*lines, *notes, *dumps]) + "\n"
     lines.append(paint(headline(report), "1"))
     lines.extend(notes)
     lines.append(_summary_line(report))
+    lines.extend(dumps)
     lines.extend(f"   {row}" for row in activity_lines(report))
     for i, f in enumerate(report.findings, 1):
         sev = f.rule.severity.value
@@ -117,6 +122,12 @@ def headline(report: Report) -> str:
     on = f" on rank {rank}" if rank is not None else ""
     line = (shown or top.trigger).line
     return f"{head}, likely cause {top.rule.cause}{on} (line {line})"
+
+
+def _dump_lines(report: Report) -> list[str]:
+    """What the flight-recorder dumps say, in a few lines (none without dumps)."""
+    fr = report.flight_recorder
+    return fr.summary_lines() if fr is not None else []
 
 
 def _first_failure(report: Report) -> Event | None:
@@ -190,13 +201,17 @@ def _duration(seconds: int) -> str:
 def render_markdown(report: Report, template_dirs: Sequence[Path]) -> str:
     """A report to paste into an issue."""
     out = [f"### nccl-triage: `{headline(report)}`", ""]
+    dumps = _dump_lines(report)
+    block = ["```", *dumps, "```", ""] if dumps else []
     if report.verdict == "clean":
         out.append(f"No NCCL failure in {report.lines} lines.")
         out += [f"> note: {note}" for note in report.notes]
+        out += ["", *block] if block else []
         return "\n".join(out) + "\n"
     summary = _summary_line(report).strip()
     if summary:
         out += [summary, ""]
+    out += block
     activity = activity_lines(report)
     if activity:
         out += [activity[0], "", *(f"- {row.strip()}" for row in activity[1:]), ""]

@@ -336,6 +336,7 @@ def _clause(
         "running",
         "outside_nccl",
         "optional",
+        "fr_culprit",
     ):
         default = bool(shape.key(key).default)
         value = obj.get(key, default)
@@ -363,6 +364,7 @@ def _clause(
         flags["running"],
         flags["outside_nccl"],
         flags["optional"],
+        flags["fr_culprit"],
     )
 
 
@@ -465,18 +467,9 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
                 check.add(check.line_of(item, "file"), f"{what}file '{file}' not found")
                 continue
             file = str(resolved)
-        evidence = item.get("evidence") or ()
-        if isinstance(evidence, str):
-            evidence = (evidence,)
-        if not isinstance(evidence, list | tuple) or not all(
-            isinstance(e, str) and e for e in evidence
-        ):
-            check.add(
-                check.line_of(item, "evidence"), f"{what}'evidence' must be text or a list of it"
-            )
-            evidence = ()
-        if evidence and expect != "match":
-            check.add(check.line_of(item, "evidence"), f"{what}'evidence' is for 'match' examples")
+        evidence = _match_texts(check, item, "evidence", what, str(expect))
+        advice = _match_texts(check, item, "advice", what, str(expect))
+        dumps = _example_dumps(check, item, what, path)
         out.append(
             Example(
                 name,
@@ -484,13 +477,30 @@ def _examples(check: _Checker, obj: Any, line: int, path: Path) -> list[Example]
                 log if log is None else str(log),
                 file,
                 Location(str(path), item.line),
-                tuple(evidence),
+                evidence,
+                dumps,
+                advice,
             )
         )
     matches = [e for e in out if e.expect == "match"]
     if not any(e.expect == "no-match" for e in out) or not matches:
         check.add(line, "examples need at least one 'match' and one 'no-match' example")
     return out
+
+
+def _match_texts(
+    check: _Checker, item: YamlMap, key: str, what: str, expect: str
+) -> tuple[str, ...]:
+    """An example's ``evidence`` or ``advice``: texts a matching example's finding must hold."""
+    value = item.get(key) or ()
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, list | tuple) or not all(isinstance(e, str) and e for e in value):
+        check.add(check.line_of(item, key), f"{what}'{key}' must be text or a list of it")
+        return ()
+    if value and expect != "match":
+        check.add(check.line_of(item, key), f"{what}'{key}' is for 'match' examples")
+    return tuple(value)
 
 
 def _resolve_example(rule_path: Path, file: str) -> Path | None:
@@ -500,5 +510,37 @@ def _resolve_example(rule_path: Path, file: str) -> Path | None:
     candidates.append(data / "examples" / Path(file).name)
     for c in candidates:
         if c.is_file():
+            return c
+    return None
+
+
+def _example_dumps(check: _Checker, item: YamlMap, what: str, path: Path) -> tuple[str, ...]:
+    """An example's ``dumps``: each a directory or a file, found as :func:`_resolve_dumps` says."""
+    raw = item.get("dumps")
+    if raw is None:
+        return ()
+    line = check.line_of(item, "dumps")
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(d, str) and d for d in items):
+        check.add(line, f"{what}'dumps' must be a path or a list of paths")
+        return ()
+    out: list[str] = []
+    for d in items:
+        found = _resolve_dumps(path, d)
+        if found is None:
+            check.add(line, f"{what}dumps '{d}' not found (a directory or a file)")
+        else:
+            out.append(str(found))
+    return tuple(out)
+
+
+def _resolve_dumps(rule_path: Path, name: str) -> Path | None:
+    """Find an example's dumps: relative to the rule, its parent, or the bundled dumps.
+
+    Built-in rules name ``fixtures/fr/<scenario>``, shipped as ``_data/fr/<scenario>``.
+    """
+    data = Path(__file__).resolve().parent.parent / "_data" / "fr"
+    for c in (rule_path.parent / name, rule_path.parent.parent / name, data / Path(name).name):
+        if c.is_dir() or c.is_file():
             return c
     return None

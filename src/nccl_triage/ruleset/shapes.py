@@ -189,6 +189,14 @@ SHAPES: dict[str, Shape] = {
                     "signal whose backtrace runs through NCCL is NCCL's failure, not a crash)",
                     default=False,
                 ),
+                Key(
+                    "fr_culprit",
+                    "flag",
+                    "the event must be on a rank the job's flight-recorder dumps blame "
+                    "(fact fr_culprit_ranks: it never enqueued the stuck collective, or its "
+                    "device never finished it); without dumps the clause never holds",
+                    default=False,
+                ),
             ),
         ),
         Shape(
@@ -212,6 +220,19 @@ SHAPES: dict[str, Shape] = {
                     "strings",
                     "for a match: part of each line the finding must quote (its trigger or "
                     "its evidence), so the example pins the lines that prove the cause",
+                ),
+                Key(
+                    "advice",
+                    "strings",
+                    "for a match: parts the rendered advice must hold, so the example pins "
+                    "what it says that no log line shows (a rank, a frame of the dumps)",
+                ),
+                Key(
+                    "dumps",
+                    "strings",
+                    "the job's flight-recorder dumps, read with the log as `triage --fr` "
+                    "reads them: a directory of per-rank dumps or a dump file (or a list), "
+                    "relative to the rule file or its parent directory",
                 ),
             ),
             one_of=("log", "file"),
