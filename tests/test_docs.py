@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     "causes": "causes.md",
     "json-output": "json-output.md",
+    "log-formats": "log-formats.md",
     "rules": "rules.md",
     "rule-schema": "rule-schema.json",
 }
