@@ -90,4 +90,5 @@ def test_the_help_and_the_guides_point_to_the_documents() -> None:
     for guide in ("README.md", "CONTRIBUTING.md"):
         text = (ROOT / guide).read_text("utf-8")
         assert "docs/causes.md" in text and "docs/json-output.md" in text, guide
+        assert "docs/log-formats.md" in text, guide
     assert json.loads((ROOT / "docs" / "rule-schema.json").read_text("utf-8"))
