@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     "causes": "causes.md",
     "json-output": "json-output.md",
+    "log-formats": "log-formats.md",
     "rules": "rules.md",
     "rule-schema": "rule-schema.json",
 }
@@ -93,6 +94,7 @@ def test_the_help_and_the_guides_point_to_the_documents() -> None:
     for guide in ("README.md", "CONTRIBUTING.md"):
         text = (ROOT / guide).read_text("utf-8")
         assert "docs/causes.md" in text and "docs/json-output.md" in text, guide
+        assert "docs/log-formats.md" in text, guide
     assert json.loads((ROOT / "docs" / "rule-schema.json").read_text("utf-8"))
 
 
