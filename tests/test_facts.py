@@ -82,3 +82,12 @@ def test_a_log_without_ranks_has_one_row_and_a_clean_log_none() -> None:
     )
     assert [(r["rank"], r["line"]) for r in facts(lone).rank_activity] == [(None, 1)]
     assert facts("epoch 3 step 1200 loss 0.41").rank_activity == []
+
+
+def test_nccl_releases_as_pytorch_1_10_printed_them() -> None:
+    from nccl_triage.diagnose.facts import nccl_release
+
+    assert nccl_release("21.0.3") == "2.10.3"  # NCCL 2.10.3's code 21003, split the old way
+    assert nccl_release("21.1.4") == "2.11.4"
+    assert nccl_release("2.10.3+cuda11.3") == "2.10.3"
+    assert nccl_release("2.18.1") == "2.18.1" and nccl_release("1.3.4") == "1.3.4"

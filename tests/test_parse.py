@@ -754,3 +754,25 @@ def test_flattened_reference_lines_read_as_the_lines_do(lines: list[str], gaps: 
     """Any few real messages flattened into one line give the events they give one per line."""
     flat = lines[0] + "".join(g + line for g, line in zip(gaps, lines[1:], strict=False))
     assert _readings(flat + "\n") == _readings("\n\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "field", "value"),
+    [
+        # nccl-tests and NCCL 2.26's RAS banner: the version with what it was compiled with
+        ("NCCL version 2.26.2 compiled with CUDA 12.4", "nccl_info", "nccl_version", "2.26.2"),
+        # torchelastic 1.9-1.10 wrote the worker group's state in lower case
+        (
+            "INFO:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker "
+            "group failed",
+            "agent_signal",
+            "state",
+            "FAILED",
+        ),
+    ],
+)
+def test_version_suffixes_and_lower_case_group_states(
+    line: str, kind: str, field: str, value: str
+) -> None:
+    [ev] = parse_text(line + "\n").events
+    assert ev.kind == kind and ev.detail.get(field) == value

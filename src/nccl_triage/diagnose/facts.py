@@ -72,7 +72,7 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
             nranks.append(n)  # NCCL's INIT line, or the store's "k/n clients joined"
         v = d.get("nccl_version")
         if isinstance(v, str):
-            versions.add(v.split("+")[0])
+            versions.add(nccl_release(v))
         if ev.kind == Kind.WATCHDOG_TIMEOUT:
             _count_timeout(facts, ev)
             if ev.rank is not None:
@@ -193,6 +193,21 @@ def _who(rank: int | None, text: str) -> object:
         return rank
     m = _ORIGIN.search(text)
     return (m[1], m[2]) if m else None
+
+
+def nccl_release(version: str) -> str:
+    """NCCL's release as ``major.minor.patch``, however PyTorch printed it.
+
+    PyTorch 1.10-1.11 printed NCCL's version code (major*10000 + minor*100 + patch for 2.9+)
+    split the old way, as code/1000.code%1000/100.code%100: NCCL 2.10.3 appears as
+    ``21.0.3``. A major above 9 can only be such a code. ``+cuda12.1`` suffixes are dropped.
+    """
+    release = version.split("+")[0]
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", release)
+    if m is None or int(m[1]) < 10:
+        return release
+    code = int(m[1]) * 1000 + int(m[2]) * 100 + int(m[3])
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
 
 
 def _count_timeout(facts: JobFacts, ev: Event) -> None:

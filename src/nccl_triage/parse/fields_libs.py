@@ -263,6 +263,7 @@ class LibraryFields(Transformer[Token, Fields]):
 
     def worker_group(self, items: list[Any]) -> Fields:
         state = next(str(i) for i in items if isinstance(i, Token) and i.type == "GROUP_STATE")
+        state = state.upper()  # "Worker group failed" (1.9-1.10), "FAILED" later
         return {"kind": Kind.AGENT_SIGNAL, "form": "worker_group", "state": state}
 
     def no_error_file(self, items: list[Any]) -> Fields:
