@@ -763,8 +763,10 @@ def test_flattened_reference_lines_read_as_the_lines_do(lines: list[str], gaps: 
         ("NCCL version 2.26.2 compiled with CUDA 12.4", "nccl_info", "nccl_version", "2.26.2"),
         # torchelastic 1.9-1.10 wrote the worker group's state in lower case
         (
-            "INFO:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker "
-            "group failed",
+            (
+                "INFO:torch.distributed.elastic.agent.server.local_elastic_agent:[default] Worker "
+                "group failed"
+            ),
             "agent_signal",
             "state",
             "FAILED",
