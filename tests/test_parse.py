@@ -778,3 +778,20 @@ def test_version_suffixes_and_lower_case_group_states(
 ) -> None:
     [ev] = parse_text(line + "\n").events
     assert ev.kind == kind and ev.detail.get(field) == value
+
+
+def test_rich_log_records_of_accelerate_s_launcher() -> None:
+    # https://github.com/huggingface/accelerate/issues/1214: rich's handler puts the level
+    # first and where the record came from at the end, and wraps what does not fit
+    log = (
+        " WARNING  Sending process 14 closing signal SIGTERM         api.py:699\n"
+        " ERROR    failed (exitcode: -9) local_rank: 5 (pid: 22) of  api.py:673\n"
+        "          binary: /opt/conda/bin/python\n"
+    )
+    closing, failed = parse_text(log).events
+    assert (closing.kind, closing.form, closing.detail["signal"]) == (
+        "agent_signal",
+        "closing",
+        "SIGTERM",
+    )
+    assert failed.kind == "worker_failed" and failed.detail["signal"] == "SIGKILL"

@@ -44,7 +44,9 @@ _HF_TRANSFORMERS = re.compile(
 )
 _LOGURU = re.compile(rf"\| ({_LEVELS}|SUCCESS|TRACE)\s*\| ([\w.<>:]+) - ")
 # "2023-09-07 09:14:40,098 ERROR train.py:308 ...", but not NCCL 1.x's own "WARN src/reduce.cu:126"
-_LEVEL_WORD = re.compile(rf"({_LEVELS}) (?=\S)(?![\w/.+-]+\.(?:cu|cc):\d+ )")
+# "ERROR message", and rich's handler (accelerate, Lightning): "ERROR    message    api.py:673"
+_LEVEL_WORD = re.compile(rf"({_LEVELS}) +(?=\S)(?![\w/.+-]+\.(?:cu|cc):\d+ )")
+_RICH_WHERE = re.compile(r"\s{2,}[\w.-]+\.py:\d+\s*$")
 _JOBSYS = re.compile(r"([0-9a-f]{6,}) \[rank=(\d+)\] \|\| ")  # Determined: "fa88a9df [rank=1] || "
 _RAY = re.compile(r"\((\w+) pid=(\d+)(?:, ip=([0-9a-fA-F.:]+))?\)\s*")
 _SRUN = re.compile(r"(\d{1,5}): ")
@@ -198,6 +200,9 @@ def peel(line: Line) -> Line:
             continue
         break
     line.message = text[pos:]
+    if prefixes and prefixes[-1].kind == PrefixKind.LOGGER and prefixes[-1].text.endswith("  "):
+        # rich's handler right-aligns where the record came from: "...   api.py:673"
+        line.message = _RICH_WHERE.sub("", line.message)
     line.prefixes = tuple(prefixes)
     if line.rank is None:
         line.rank = hint_rank

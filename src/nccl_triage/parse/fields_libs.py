@@ -232,11 +232,13 @@ class LibraryFields(Transformer[Token, Fields]):
             "exit_code": code,
             "local_rank": int(ints[1]),
             "pid": int(ints[2]),
-            "entrypoint": items[-1],
         }
-        m = START_METHOD.fullmatch(items[-1])
-        if m:  # function mode: "of fn: <qualname> (start_method: <spawn|fork>)"
-            out["entrypoint"], out["start_method"] = m[1], m[2]
+        # without an entry point: "... of" and the rest wrapped onto the next line (rich)
+        if isinstance(items[-1], str) and not isinstance(items[-1], Token):
+            out["entrypoint"] = items[-1]
+            m = START_METHOD.fullmatch(items[-1])
+            if m:  # function mode: "of fn: <qualname> (start_method: <spawn|fork>)"
+                out["entrypoint"], out["start_method"] = m[1], m[2]
         if code < 0:
             out["signal"] = signame(-code)
         return out
