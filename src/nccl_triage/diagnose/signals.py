@@ -91,14 +91,24 @@ class SignalClassifier:
         )
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
+        # runs extended since their event was last built: index -> the lines added to it
+        self._grown: dict[int, list[Line]] = {}
 
     @property
     def events(self) -> list[Event]:
         """The signal events so far, in the order they started."""
+        self._build()
         return list(self._events)
+
+    def _build(self) -> None:
+        """Fold the lines that extended runs into their events (once, not per line)."""
+        for i, lines in self._grown.items():
+            self._events[i] = _extended(self._events[i], lines)
+        self._grown.clear()
 
     def prune(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
         """Forget events that ended before ``before_line`` (unless ``keep``); return how many."""
+        self._build()
         open_runs = {i: key for key, i in self._open.items()}
         kept: list[Event] = []
         self._open = {}
@@ -112,6 +122,13 @@ class SignalClassifier:
         dropped = len(self._events) - len(kept)
         self._events = kept
         return dropped
+
+    def _last_line(self, i: int) -> int:
+        grown = self._grown.get(i)
+        if grown:
+            return grown[-1].lineno
+        run = self._events[i]
+        return int(run.detail.get("last_line") or run.line)
 
     def hits(self, line: Line) -> list[int]:
         """The patterns whose prefilter matches a line (one pass over it for all of them).
@@ -142,13 +159,8 @@ class SignalClassifier:
                 continue
             key = (pat.signal_id, line.rank, pat.name)
             i = self._open.get(key)
-            run = self._events[i] if i is not None else None
-            if (
-                run is not None
-                and i is not None
-                and line.lineno - int(run.detail.get("last_line") or run.line) <= RUN_GAP_LINES
-            ):
-                self._events[i] = _extended(run, line)
+            if i is not None and line.lineno - self._last_line(i) <= RUN_GAP_LINES:
+                self._grown.setdefault(i, []).append(line)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
             detail.update({k: v for k, v in m.groupdict().items() if v is not None})
@@ -171,13 +183,15 @@ class SignalClassifier:
         return started
 
 
-def _extended(run: Event, line: Line) -> Event:
-    """The run ``run`` of a signal, extended by another line of it."""
+def _extended(run: Event, lines: list[Line]) -> Event:
+    """The run ``run`` of a signal, extended by more lines of it (in line order)."""
     detail = dict(run.detail)
-    detail["last_line"] = line.lineno
-    detail["count"] = int(detail.get("count") or 1) + 1
-    if line.time is not None:
-        detail["last_time"] = line.time
-        if line.ts is not None and run.ts is not None:
-            detail["duration_s"] = round(line.ts - run.ts)
+    last = lines[-1]
+    detail["last_line"] = last.lineno
+    detail["count"] = int(detail.get("count") or 1) + len(lines)
+    timed = next((x for x in reversed(lines) if x.time is not None), None)
+    if timed is not None:
+        detail["last_time"] = timed.time
+        if timed.ts is not None and run.ts is not None:
+            detail["duration_s"] = round(timed.ts - run.ts)
     return replace(run, detail=Detail(detail))

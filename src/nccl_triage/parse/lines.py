@@ -13,6 +13,7 @@ from typing import Any, overload
 
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import segments
+from nccl_triage.ingest.regex import compile_regex
 from nccl_triage.ingest.scan import Candidate
 from nccl_triage.model import Detail, Event, Kind, Line, Unparsed, is_failure
 from nccl_triage.parse.anatomy import peel
@@ -31,7 +32,8 @@ _STRONG_START = re.compile(
     r"|[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |\[?\d{4}-\d\d-\d\d|frame #|Exception raised from|terminate called"
     r"|Traceback|File \"|[\w.-]+:\d+:\d+ \[\d+\]|\(\w+ pid=|[\w.]+(?:Error|Exception):|\[\d+\] |=====|-----)"
 )
-ANCHOR_RE = re.compile(
+# Lines the grammar reads hold one of these (RE2: one pass, a few times faster than re here)
+ANCHOR_RE = compile_regex(
     "|".join(
         [re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)]
         + [f"(?:{r})" for r in REGEX_ANCHORS]
