@@ -637,20 +637,25 @@ def test_nccl_error_wrapped_where_its_comma_was() -> None:
     assert ev.kind == "nccl_error" and ev.detail.get("nccl_version") == "2.19.3"
 
 
-def _reference_messages() -> list[str]:
+def _reference_lines() -> list[str]:
+    """The single-line examples of ``data/reference_examples.yaml``."""
     import yaml
-
-    from nccl_triage.model import Line
-    from nccl_triage.parse.anatomy import peel
 
     path = Path(__file__).parent / "data" / "reference_examples.yaml"
     data = yaml.safe_load(path.read_text("utf-8"))
-    lines = [
+    return [
         e["line"]
         for section in data.values()
         for e in section
         if isinstance(e, dict) and isinstance(e.get("line"), str)
     ]
+
+
+def _reference_messages() -> list[str]:
+    from nccl_triage.model import Line
+    from nccl_triage.parse.anatomy import peel
+
+    lines = _reference_lines()
     # and the lines of the mined logs that hold an anchor: real messages of every family
     from nccl_triage.parse.lines import ANCHOR_RE
 
@@ -681,20 +686,10 @@ def test_a_message_read_by_its_shape_is_the_grammars_reading(
 
 def _flattenable_lines() -> list[str]:
     """Reference and mined lines that start a message of their own and read as one event."""
-    import yaml
-
     from nccl_triage.parse.lines import _NEXT_MESSAGE
 
-    path = Path(__file__).parent / "data" / "reference_examples.yaml"
-    data = yaml.safe_load(path.read_text("utf-8"))
-    lines = [
-        e["line"]
-        for section in data.values()
-        for e in section
-        if isinstance(e, dict) and isinstance(e.get("line"), str)
-    ]
     out = []
-    for line in sorted(set(lines)):
+    for line in sorted(set(_reference_lines())):
         line = line.strip()
         if _NEXT_MESSAGE.match("x " + line, 1) and len(parse_text(line + "\n").events) == 1:
             out.append(line)
