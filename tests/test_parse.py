@@ -790,3 +790,35 @@ def test_rich_log_records_of_accelerate_s_launcher() -> None:
         "SIGTERM",
     )
     assert failed.kind == "worker_failed" and failed.detail["signal"] == "SIGKILL"
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "value", "absent"),
+    [
+        # https://github.com/horovod/horovod/issues/610: a CUDA call failed (cudaIpcOpenMemHandle's
+        # cudaErrorInvalidValue), not an invalid argument to NCCL
+        (
+            (
+                "localhost:95772:95782 [0] transport/p2p.cu:526 WARN failed to open CUDA IPC handle "
+                ": 11 invalid argument"
+            ),
+            "error_class",
+            "ncclUnhandledCudaError",
+            None,
+        ),
+        # an InfiniBand device is no network interface
+        (
+            (
+                "node:1:2 [0] misc/ibvwrap.cc:262 NCCL WARN Call to ibv_modify_qp failed with 110 "
+                "Connection timed out, on dev mlx5_0:1, curr state INIT, next state RTR"
+            ),
+            "device",
+            "mlx5_0",
+            "interface",
+        ),
+    ],
+)
+def test_what_an_nccl_warning_names(line: str, field: str, value: str, absent: str | None) -> None:
+    [ev] = parse_text(line + "\n").events
+    assert ev.detail.get(field) == value
+    assert absent is None or absent not in ev.detail

@@ -44,7 +44,11 @@ _NOTICES = re.compile(
 # What a failure's text tells about its class (when no ncclResult number says it).
 _CLASSES = (
     (
-        re.compile(r"unhandled cuda error|Cuda failure|CUDA error", re.IGNORECASE),
+        # a CUDA call NCCL made failed (its IPC handles, registering host memory for SHM)
+        re.compile(
+            r"unhandled cuda error|Cuda failure|CUDA error|CUDA IPC handle|register host buffer",
+            re.IGNORECASE,
+        ),
         "ncclUnhandledCudaError",
     ),
     (re.compile(r"unhandled system error|system call", re.IGNORECASE), "ncclSystemError"),
@@ -61,7 +65,7 @@ _CUDA_FAILURE = re.compile(r"Cuda failure\s*(?:\d+\s*)?'([^']*)'")
 # "10.0.0.4<52638>", "[fe80::1%ib0]<50000>", "100.96.188.199<41468>"
 _PEER = re.compile(r"(?P<addr>\[?[0-9A-Fa-f:.]*[0-9A-Fa-f][0-9A-Fa-f:.%\w]*\]?)<(?P<port>\d+)>")
 _INTERFACE = re.compile(
-    r"(?:Using (?:interface |\[\d+\])?|interface |OOB |on (?:dev|interface) )"
+    r"(?:Using (?:interface |\[\d+\])?|interface |OOB |on interface )"
     r"(?P<iface>[A-Za-z][\w.-]*?)(?::[\d.]+|:\d+/|:[0-9a-fA-F]*:|\b)"
 )
 _DEVICE = re.compile(r"\b(?:on dev |device |hca )(?P<dev>mlx\w+|[A-Za-z]+\d+(?:_\w+)?)")
