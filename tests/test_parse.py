@@ -822,3 +822,26 @@ def test_what_an_nccl_warning_names(line: str, field: str, value: str, absent: s
     [ev] = parse_text(line + "\n").events
     assert ev.detail.get(field) == value
     assert absent is None or absent not in ev.detail
+
+
+BF12 = (Path(__file__).parent / "corpus/blind-forums/bf12.log").read_text("utf-8").splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # https://github.com/NVIDIA/nccl/issues/2190 ... without NCCL's prefix, behind Ray's
+        (
+            "(Runner pid=868697) Error while creating shared memory segment /dev/shm/nccl-UmqSM9 "
+            "(size 7340384)"
+        ),
+        # an InfiniBand completion error quoted inside a sentence of a forum post
+        # (tests/corpus/blind-forums/bf12.log, verbatim)
+        BF12,
+        # a libnccl line in a markdown code span
+        "`graph/topo.h:230 NCCL WARN Could not find NET with id 0`",
+    ],
+)
+def test_nccl_errors_without_their_prefix_or_inside_prose(line: str) -> None:
+    [ev] = parse_text(line + "\n").events
+    assert ev.kind == "nccl_warn" and ev.detail.get("severity") == "error"

@@ -79,6 +79,8 @@ ANCHORS: tuple[str, ...] = (
     "Last error:",
     "NCCL WARN",
     "NCCL failure",  # nccl-tests
+    "shared memory segment",  # NCCL's SHM errors, also without their prefix
+    "Got completion",  # NCCL's IB completion errors, also without their prefix
     "NCCL operation",  # XLA: "NCCL operation ncclCommInitRank(...) failed: ..."
     "NCCL Error",  # vLLM/sglang pynccl
     "Nccl error",  # PaddlePaddle

@@ -26,7 +26,8 @@ _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 # Outer layers, tried in order at the current position until none applies.
 # "[1757] " (web log viewers), cat -n; not NCCL's device tag ("[3] NCCL WARN", "[3] include/...")
 _VIEWER_LINE = re.compile(r"\[(\d+)\] (?!NCCL |[\w/.+-]+\.(?:cc|cu|h|c|cpp):\d+ )|\s*(\d+)\t")
-_QUOTE = re.compile(r"(?:> ?)+(?=\S)")  # markdown quote markers in pasted logs
+# markdown quote markers and an inline-code backtick before a pasted line
+_QUOTE = re.compile(r"(?:(?:> ?)+|`+)(?=\S)")
 _SPACE = re.compile(r"\s+")
 _ISO = re.compile(
     r"\[?(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?(Z|[+-]\d\d:?\d\d)?\]?"

@@ -133,6 +133,14 @@ class LibraryFields(Transformer[Token, Fields]):
         return out
 
     # --- libnccl's own lines
+    def nccl_bare(self, items: list[Any]) -> Fields:
+        message = "".join(str(i) for i in items[:1]) + (
+            " " + items[-1] if len(items) > 1 and isinstance(items[-1], str) else ""
+        )
+        out: Fields = {"kind": Kind.NCCL_WARN, "form": "bare", "level": "WARN", "message": message}
+        out.update(read_message("WARN", message))
+        return out
+
     def nccl_lib(self, items: list[Any]) -> Fields:
         origin = _token(items, "NCCL_ORIGIN") or ""
         m = re.match(r"([\w.-]+):(\d+)(?::(\d+))?\s*\[(\d+)\]", origin)

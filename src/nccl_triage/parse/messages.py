@@ -31,6 +31,7 @@ _HEADS = re.compile(
     r"|Unable\s*to\s*find\s*address|Environment\s*variable|(?<![\w.-])[\w.-]+:\d+:\d+\s*\[\d+\]"
     r"|NCCL\s*version|ProcessGroupNCCL\s*(?:preparing|monitor)|Could\s*not\s*acquire"
     r"|NCCL\s*(?:operation|failure|Error)|Nccl\s*error|Aborting\s*communicator|undefined\s*symbol"
+    r"|Error\s*while\s*(?:creating|attaching)|NET/IB\w*\s*:\s*Got\s*completion"
     r"|Unable\s*to\s*load\s*NCCL|Mismatched\s|One\s*or\s*more\s*tensors|Stalled\s*ops"
     r"|\bnccl[A-Z]\w*(?:\(.*?\))?\s*failed|Test\s*(?:CUDA|NCCL)\s*failure|DDP\s*expects"
     r"|params\[\d+\]\s*in\s*this\s*process"
