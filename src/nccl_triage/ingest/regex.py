@@ -24,9 +24,14 @@ def compile_regex(pattern: str, ignore_case: bool = False) -> Any:
 
 @cache
 def compile_bytes_alternation(literals: tuple[bytes, ...], regexes: tuple[bytes, ...]) -> Any:
-    """One RE2 alternation over bytes of escaped literals and regexes, capturing nothing."""
+    r"""One RE2 alternation over bytes of escaped literals and regexes, capturing nothing.
+
+    It never matches a newline (RE2's ``never_nl``: ``[^)]*`` or ``\s`` stop at the end of a
+    line, a literal holding one never matches), so every match lies within one line.
+    """
     options = re2.Options()
     options.never_capture = True
+    options.never_nl = True
     parts = [re2.escape(a) for a in literals] + [b"(?:" + r + b")" for r in regexes]
     return re2.compile(b"|".join(parts), options)
 

@@ -6,12 +6,13 @@ neighbouring lines (terminals hard-wrap long messages, so the parser may need to
 and a bounded :class:`History` of the most recent complete lines, from which the diagnosis
 reads the context of a failure.
 
-One scanner serves files and streams. One compiled RE2 alternation runs over each chunk where
-it lies (no copy of the chunk): only the line that straddles two chunks is joined. Python code
-runs per match, never per line; newlines are counted by ``bytes.count`` on small ranges and by
-``numpy`` on large ranges of large inputs (about 3x faster; its import costs 0.15 s). A line of
-many megabytes is never held whole (see :class:`_LongLine`), so memory stays bounded whatever
-the line lengths.
+One scanner serves files and streams. One search engine (:mod:`nccl_triage.ingest.engines`: a
+Hyperscan database, or an RE2 alternation where Hyperscan is not installed, with the same
+lines) runs over each chunk where it lies (no copy of the chunk): only the line that straddles
+two chunks is joined. Python code runs per candidate line, never per line; newlines are
+counted by ``bytes.count`` on small ranges and by ``numpy`` on large ranges of large inputs
+(about 3x faster; its import costs 0.15 s). A line of many megabytes is never held whole (see
+:class:`_LongLine`), so memory stays bounded whatever the line lengths.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from functools import cache
 from typing import Any
 
 from nccl_triage.ingest.anchors import ANCHORS
+from nccl_triage.ingest.engines import REGEX_PREFIX, Engine, scan_engine, split_anchors
 from nccl_triage.ingest.regex import compile_bytes_alternation
 
 LOOKBEHIND = 2  # physical lines kept before a candidate (a message wrapped before its anchor)
@@ -35,10 +37,6 @@ _SMALL = 64 << 10  # below this many bytes, bytes.count counts newlines; above, 
 _BLOCK = 256 << 10  # numpy compares this many bytes at a time (the temporary stays in cache)
 _NUMPY_AFTER = 256 << 20  # numpy is imported once an input has been this large
 _np: Any = None  # the numpy module, once imported
-
-# An anchor starting with this is an RE2 regular expression rather than a literal (a signal
-# pattern written without literal anchors).
-REGEX_PREFIX = "\x00re:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +60,7 @@ def compile_anchors(anchors: tuple[str, ...]) -> Any:
 
     Literals, and regular expressions marked by :func:`regex_anchor`.
     """
-    literals = sorted({a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=len, reverse=True)
-    regexes = [a[len(REGEX_PREFIX) :] for a in dict.fromkeys(anchors) if a.startswith(REGEX_PREFIX)]
-    return compile_bytes_alternation(
-        tuple(a.encode() for a in literals), tuple(r.encode() for r in regexes)
-    )
+    return compile_bytes_alternation(*split_anchors(anchors))
 
 
 def _load_numpy() -> None:
@@ -264,9 +258,15 @@ class Scanner:
     pump had to drop, so line numbers stay right.
     """
 
-    def __init__(self, anchors: Sequence[str] = ANCHORS, history: int = HISTORY_BYTES) -> None:
+    def __init__(
+        self,
+        anchors: Sequence[str] = ANCHORS,
+        history: int = HISTORY_BYTES,
+        engine: str | None = None,
+    ) -> None:
+        """Start a scan for ``anchors``; ``engine`` as ``NCCL_TRIAGE_SCAN`` (None: the variable)."""
         self._anchors = tuple(anchors)
-        self._pattern = compile_anchors(self._anchors)
+        self.engine: Engine = scan_engine(self._anchors, engine)
         self._partial = b""  # the unfinished last line, while it is short
         self._long: _LongLine | None = None  # the unfinished last line once it is long
         self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
@@ -358,7 +358,7 @@ class Scanner:
         if len(self._partial) > LONG_LINE:
             literal = [a for a in self._anchors if not a.startswith(REGEX_PREFIX)]
             overlap = max((len(a.encode()) for a in literal), default=1) - 1
-            self._long = _LongLine(self._pattern, overlap)
+            self._long = _LongLine(self.engine.pattern, overlap)
             self._long.feed(self._partial)
             self._partial = b""
 
@@ -389,14 +389,14 @@ class Scanner:
         first = self._lineno
         lineno, counted, pos = first, start, start
         ahead = _Ahead(buf, end)
-        while scan and pos < end:
-            m = self._pattern.search(buf, pos, end)
-            if m is None:
-                break
-            at = m.start()
+        for at in self.engine.hits(buf, start, end) if scan else ():
+            if at < pos:
+                continue  # another anchor of the line just read
             line_start = max(buf.rfind(b"\n", start, at) + 1, start)
             line_end = buf.find(b"\n", at, end)
             line_end = end - 1 if line_end < 0 else line_end
+            if line_end - line_start > MAX_LINE:
+                at = self.engine.leftmost(buf, line_start, line_end)  # the window is around it
             lineno += count_newlines(buf, counted, line_start)
             counted = line_start
             before = _lines_before(buf, line_start, LOOKBEHIND, start)
@@ -427,7 +427,10 @@ class Scanner:
 
 
 def scan(
-    chunks: Iterable[bytes], anchors: tuple[str, ...] = ANCHORS, stats: dict[str, int] | None = None
+    chunks: Iterable[bytes],
+    anchors: tuple[str, ...] = ANCHORS,
+    stats: dict[str, int] | None = None,
+    engine: str | None = None,
 ) -> Iterator[Candidate]:
     r"""Yield every physical line of the byte stream that holds one of ``anchors``.
 
@@ -438,8 +441,9 @@ def scan(
     candidate, from its start when it is a neighbour.
 
     ``stats`` (when given) receives ``lines``: the number of physical lines, and ``bytes``.
+    ``engine`` as ``NCCL_TRIAGE_SCAN`` (None: the variable decides).
     """
-    scanner = Scanner(anchors, history=0)
+    scanner = Scanner(anchors, history=0, engine=engine)
     for data in chunks:
         yield from scanner.feed(data)
     yield from scanner.close()
