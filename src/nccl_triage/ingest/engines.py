@@ -39,8 +39,13 @@ REGEX_PREFIX = "\x00re:"
 
 
 def split_anchors(anchors: tuple[str, ...]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
-    """The literals (longest first) and the regexes of a list of anchors, as bytes, once each."""
-    literals = sorted({a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=len, reverse=True)
+    """The literals (longest first) and the regexes of a list of anchors, as bytes, once each.
+
+    The order is the same in every process (the database on disk is named by it).
+    """
+    literals = sorted(
+        {a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=lambda a: (-len(a), a)
+    )
     regexes = [a[len(REGEX_PREFIX) :] for a in dict.fromkeys(anchors) if a.startswith(REGEX_PREFIX)]
     return tuple(a.encode() for a in literals), tuple(r.encode() for r in regexes)
 
@@ -197,14 +202,21 @@ def _engine(anchors: tuple[str, ...], choice: str) -> Engine:
         return Re2Engine(literals, regexes)
     if hs is None:
         raise TriageError(ENV, "hyperscan is not installed (pip install hyperscan)")
-    taken = tuple(r for r in regexes if hsdb.hyperscan_superset(r.decode()) and hsdb.compiles(r))
-    left = tuple(r for r in regexes if r not in taken)
+    taken = tuple(r for r in regexes if hsdb.hyperscan_superset(r.decode()))
     if b"" in literals or not (any(b"\n" not in a for a in literals) or taken):
         # an empty literal makes every line a candidate; no literal and no regex for
         # Hyperscan leaves it nothing to do
         return Re2Engine(literals, regexes)
     try:
-        return HyperscanEngine(literals, regexes, taken, left)
+        try:
+            return HyperscanEngine(
+                literals, regexes, taken, tuple(r for r in regexes if r not in taken)
+            )
+        except hs.error:  # a regex too large, or matching the empty string: it stays on RE2
+            taken = tuple(r for r in taken if hsdb.compiles(r))
+            return HyperscanEngine(
+                literals, regexes, taken, tuple(r for r in regexes if r not in taken)
+            )
     except hs.error as exc:  # a resource limit of the compiler
         if choice == "auto":
             return Re2Engine(literals, regexes)
