@@ -116,37 +116,44 @@ def _lines_from(buf: bytes, pos: int, n: int, end: int) -> list[bytes]:
 
 
 class _Ahead:
-    """The LOOKAHEAD lines after each candidate of one buffer, each line split once.
+    """The LOOKAHEAD lines after each candidate of one buffer, split in bulk.
 
-    Candidates often follow each other (a log dense with NCCL lines): the next one's lines
-    after are this one's, less the first, plus one.
+    One split of a window of the buffer gives them (lines are mostly short); a window too
+    small for them grows (up to _AHEAD_MAX), past which long lines are read one by one.
     """
 
     def __init__(self, buf: bytes, end: int) -> None:
         self._buf, self._end = buf, end
-        self._starts: deque[int] = deque()
-        self._lines: deque[bytes] = deque()
-        self._next = -1  # where the line after the last one held starts
+        self._window = _AHEAD_WINDOW
 
     def lines(self, pos: int) -> list[bytes]:
         """Up to LOOKAHEAD lines starting at ``pos``."""
-        starts, lines = self._starts, self._lines
-        while starts and starts[0] < pos:
-            starts.popleft()
-            lines.popleft()
-        if not starts or starts[0] != pos:
-            starts.clear()
-            lines.clear()
-            self._next = pos
-        buf, end = self._buf, self._end
-        while len(lines) < LOOKAHEAD and self._next < end:
-            nl = buf.find(b"\n", self._next, end)
-            if nl < 0:
-                nl = end
-            starts.append(self._next)
-            lines.append(_clip(buf, self._next, nl))
-            self._next = nl + 1
-        return list(lines)
+        buf, end, n = self._buf, self._end, LOOKAHEAD
+        if n <= 0:
+            return []
+        while True:
+            stop = min(end, pos + self._window)
+            parts = buf[pos:stop].split(b"\n", n)
+            if len(parts) > n:  # n complete lines, and what follows them
+                del parts[n:]
+                break
+            parts.pop()  # after the window's last newline: the buffer's end, or a cut line
+            if stop == end:
+                break
+            if self._window >= _AHEAD_MAX:
+                done = pos + sum(len(x) + 1 for x in parts)
+                return [_cut(x) for x in parts] + _lines_from(buf, done, n - len(parts), end)
+            self._window *= 4
+        return [_cut(x) for x in parts]
+
+
+_AHEAD_WINDOW = 8 << 10  # the first window split for a candidate's lines after
+_AHEAD_MAX = 256 << 10  # the largest
+
+
+def _cut(line: bytes) -> bytes:
+    """A neighbour line: its first MAX_LINE bytes."""
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE]
 
 
 # ----------------------------------------------------------------------------- history
@@ -272,6 +279,7 @@ class Scanner:
         self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
         self._lineno = 1  # number of the line being assembled
         self._pending: deque[_Pending] = deque()
+        self._done: list[Candidate] = []  # complete, in order, before any pending one
         self.bytes = 0
         self.history = History(history)
 
@@ -322,8 +330,7 @@ class Scanner:
         self._lineno += newlines - 1
         self._prev.clear()
         self.history.clear()
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
+        out = self._all()
         self._grow(tail, now)
         return out
 
@@ -335,17 +342,13 @@ class Scanner:
         """
         if not self._pending or self._pending[0].since > found_before:
             return []
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        return out
+        return self._all()
 
     def close(self) -> list[Candidate]:
         """End of input: the unfinished line is the last line; hand out everything."""
         if self._partial or self._long is not None:
             self._finish_line(b"", 0, 0.0)  # the last line had no newline of its own
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        return out
+        return self._all()
 
     def _grow(self, data: bytes, now: float) -> None:
         """Add bytes to the unfinished last line (never holding more than LONG_LINE of it)."""
@@ -403,15 +406,11 @@ class Scanner:
             missing = LOOKBEHIND - len(before)
             if missing > 0 and self._prev:
                 before = list(self._prev)[-missing:] + before
-            self._pending.append(
-                _Pending(
-                    lineno,
-                    _clip(buf, line_start, line_end, at),
-                    tuple(before),
-                    ahead.lines(line_end + 1),
-                    now,
-                )
-            )
+            raw, after = _clip(buf, line_start, line_end, at), ahead.lines(line_end + 1)
+            if len(after) >= LOOKAHEAD and not self._pending:
+                self._done.append(Candidate(lineno, raw, tuple(before), tuple(after)))
+            else:  # its lines after are in the next chunk
+                self._pending.append(_Pending(lineno, raw, tuple(before), after, now))
             pos = line_end + 1
         total = (lineno - first) + count_newlines(buf, counted, end)
         if LOOKBEHIND:
@@ -420,9 +419,16 @@ class Scanner:
         self._lineno = first + total
 
     def _ready(self) -> list[Candidate]:
-        out: list[Candidate] = []
+        out, self._done = self._done, []
         while self._pending and len(self._pending[0].after) >= LOOKAHEAD:
             out.append(self._pending.popleft().done())
+        return out
+
+    def _all(self) -> list[Candidate]:
+        """Every candidate found, complete or not."""
+        out, self._done = self._done, []
+        out.extend(p.done() for p in self._pending)
+        self._pending.clear()
         return out
 
 
