@@ -256,6 +256,24 @@ def test_a_long_line_is_cut_around_its_leftmost_anchor() -> None:
     assert b"Root Cause" in got[0].raw and len(got[0].raw) == 64
 
 
+@needs_hyperscan
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_parts_holding_an_anchor_are_found_alike(data: st.DataObject) -> None:
+    """The segments of a redrawn line that hold an anchor, each read alone, by both engines."""
+    parts = data.draw(st.lists(logs(20).map(lambda b: b.replace(b"\n", b" ")), max_size=6))
+    raw = b"\r".join(parts)
+    bounds, start = [], 0
+    for part in parts:
+        bounds.append((start, start + len(part)))
+        start += len(part) + 1
+    anchors = data.draw(st.sampled_from([TRICKY_ANCHORS, RULESET_ANCHORS]))
+    alone = scan_engine(anchors, "re2").pattern
+    want = [i for i, part in enumerate(parts) if alone.search(part) is not None]
+    assert scan_engine(anchors, "re2").parts_with_anchors(raw, bounds) == want
+    assert scan_engine(anchors, "hyperscan").parts_with_anchors(raw, bounds) == want
+
+
 # ----------------------------------------------------------------------------- choosing
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Protocol
 
 from nccl_triage.diagnose.progress import Progress, parse_progress
 from nccl_triage.diagnose.signals import SignalClassifier
@@ -27,10 +28,17 @@ _NOT_OUTPUT = re.compile(
 )
 
 
+class Searcher(Protocol):
+    """A compiled pattern (``re`` or RE2): does it match somewhere in a text."""
+
+    def search(self, text: str) -> object:
+        """A match object, or None."""
+
+
 class ContextClassifier:
     """Reads the lines of one input's failure windows, in line order."""
 
-    def __init__(self, signals: Iterable[Signal], failure_text: re.Pattern[str]) -> None:
+    def __init__(self, signals: Iterable[Signal], failure_text: Searcher) -> None:
         self._signals = SignalClassifier(signals)
         self._failure_text = failure_text  # lines the grammar reads: failures, not output
         self._progress: dict[tuple[int | None, str], Event] = {}

@@ -77,6 +77,11 @@ class Engine:
         m = self.pattern.search(buf, line_start, line_end)
         return line_start if m is None else int(m.start())
 
+    def parts_with_anchors(self, raw: bytes, bounds: list[tuple[int, int]]) -> list[int]:
+        """The indices of the parts ``raw[start:end]`` that hold an anchor, each read alone."""
+        search = self.pattern.search
+        return [i for i, (s, e) in enumerate(bounds) if search(raw[s:e]) is not None]
+
 
 class Re2Engine(Engine):
     """One RE2 alternation, searched from each candidate line to the next."""
@@ -120,6 +125,7 @@ class HyperscanEngine(Engine):
         self._db = hsdb.load_database(tuple(hsdb.literal_expression(a) for a in usable) + taken)
         self._scan = self._db.scan
         self._first_regex = len(usable)  # ids from here on are regexes, to be confirmed
+        self._lengths = [len(a) for a in usable]
         # each regex Hyperscan takes, alone, as the alternation reads it
         self._confirm = [compile_bytes_alternation((), (r,)) for r in taken]
         self._left = compile_bytes_alternation((), left) if left else None
@@ -169,6 +175,34 @@ class HyperscanEngine(Engine):
             decided.add((line_start, regex))
             if self._confirm[regex].search(buf, line_start, line_end) is not None:
                 found.insert(i, at)  # the line is found: its other hits need no check
+
+    def parts_with_anchors(  # noqa: D102 - see Engine
+        self, raw: bytes, bounds: list[tuple[int, int]]
+    ) -> list[int]:
+        starts = [s for s, _ in bounds]
+        hit: set[int] = set()
+        maybe: list[tuple[int, int]] = []
+        first_regex, lengths = self._first_regex, self._lengths
+
+        def on_match(expr: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            if expr >= first_regex:
+                maybe.append((to, expr - first_regex))
+                return
+            i = bisect.bisect_right(starts, to - 1) - 1
+            if i >= 0 and starts[i] <= to - lengths[expr] and to <= bounds[i][1]:
+                hit.add(i)  # wholly inside the part
+
+        self._scan(raw, match_event_handler=on_match, scratch=hsdb.scratch_for(self._db))
+        for to, regex in maybe:
+            i = bisect.bisect_right(starts, to - 1) - 1
+            if i < 0 or i in hit or to > bounds[i][1]:
+                continue
+            if self._confirm[regex].search(raw[starts[i] : bounds[i][1]]) is not None:
+                hit.add(i)
+        if self._left is not None:
+            left = self._left.search
+            hit.update(i for i, (s, e) in enumerate(bounds) if i not in hit and left(raw[s:e]))
+        return sorted(hit)
 
 
 def engine_choice() -> str:
