@@ -91,14 +91,23 @@ class SignalClassifier:
         )
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
+        self._grown: dict[int, _Growth] = {}  # runs extended since their event was built
 
     @property
     def events(self) -> list[Event]:
         """The signal events so far, in the order they started."""
+        self._build()
         return list(self._events)
+
+    def _build(self) -> None:
+        """Write the lines that extended runs into their events (once, not per line)."""
+        for i, growth in self._grown.items():
+            self._events[i] = growth.applied(self._events[i])
+        self._grown.clear()
 
     def prune(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
         """Forget events that ended before ``before_line`` (unless ``keep``); return how many."""
+        self._build()
         open_runs = {i: key for key, i in self._open.items()}
         kept: list[Event] = []
         self._open = {}
@@ -142,13 +151,11 @@ class SignalClassifier:
                 continue
             key = (pat.signal_id, line.rank, pat.name)
             i = self._open.get(key)
-            run = self._events[i] if i is not None else None
-            if (
-                run is not None
-                and i is not None
-                and line.lineno - int(run.detail.get("last_line") or run.line) <= RUN_GAP_LINES
-            ):
-                self._events[i] = _extended(run, line)
+            if i is not None and line.lineno - self._last_line(i) <= RUN_GAP_LINES:
+                growth = self._grown.get(i)
+                if growth is None:
+                    growth = self._grown[i] = _Growth()
+                growth.add(line, self._events[i].ts)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
             detail.update({k: v for k, v in m.groupdict().items() if v is not None})
@@ -170,14 +177,38 @@ class SignalClassifier:
             started.append(ev)
         return started
 
+    def _last_line(self, i: int) -> int:
+        growth = self._grown.get(i)
+        if growth is not None:
+            return growth.last_line
+        run = self._events[i]
+        return int(run.detail.get("last_line") or run.line)
 
-def _extended(run: Event, line: Line) -> Event:
-    """The run ``run`` of a signal, extended by another line of it."""
-    detail = dict(run.detail)
-    detail["last_line"] = line.lineno
-    detail["count"] = int(detail.get("count") or 1) + 1
-    if line.time is not None:
-        detail["last_time"] = line.time
-        if line.ts is not None and run.ts is not None:
-            detail["duration_s"] = round(line.ts - run.ts)
-    return replace(run, detail=Detail(detail))
+
+@dataclass(slots=True)
+class _Growth:
+    """The lines that extended a run of a signal since its event was last built."""
+
+    lines: int = 0
+    last_line: int = 0
+    last_time: str | None = None
+    duration_s: int | None = None
+
+    def add(self, line: Line, start_ts: float | None) -> None:
+        self.lines += 1
+        self.last_line = line.lineno
+        if line.time is not None:
+            self.last_time = line.time
+            if line.ts is not None and start_ts is not None:
+                self.duration_s = round(line.ts - start_ts)
+
+    def applied(self, run: Event) -> Event:
+        """The run's event with these lines (as if it had been extended line by line)."""
+        detail = dict(run.detail)
+        detail["last_line"] = self.last_line
+        detail["count"] = int(detail.get("count") or 1) + self.lines
+        if self.last_time is not None:
+            detail["last_time"] = self.last_time
+            if self.duration_s is not None:
+                detail["duration_s"] = self.duration_s
+        return replace(run, detail=Detail(detail))
