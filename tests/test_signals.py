@@ -71,3 +71,12 @@ def test_a_run_counts_its_lines_and_times() -> None:
     assert event.kind == "training_progress" and event.line == 10
     assert (event.detail["count"], event.detail["last_line"]) == (3, 14)
     assert event.detail["duration_s"] == 8
+
+
+def test_named_groups_are_text() -> None:
+    classifier = SignalClassifier(SIGNALS)
+    classifier.feed(line(5, 3, 42, 1))
+    [event] = classifier.events
+    assert event.kind == "checkpoint_save"
+    assert event.detail["path"] == "/ckpt/checkpoint-42"
+    assert all(isinstance(k, str) for k in event.detail)

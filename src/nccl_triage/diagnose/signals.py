@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from nccl_triage.ingest.regex import RegexSet, compile_regex, compile_set
+from nccl_triage.ingest.regex import RegexSet, compile_bytes_regex, compile_set
 from nccl_triage.model import Detail, Event, Line, Signal
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
@@ -23,9 +23,9 @@ RUN_GAP_LINES = 50  # the same signal again within this many lines extends the s
 class _Compiled:
     signal_id: str
     name: str
-    regex: Any
+    regex: Any  # over the UTF-8 bytes of the text (compile_bytes_regex)
     on_message: bool
-    exclude: Any  # one RE2 alternation of the signal's near-misses, or None
+    exclude: Any  # one RE2 alternation of the signal's near-misses (bytes), or None
     source: str = ""  # the pattern's text
     ignore_case: bool = False
 
@@ -35,7 +35,7 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
     out: list[_Compiled] = []
     for sig in signals:
         exclude = (
-            compile_regex("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
+            compile_bytes_regex("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
             if sig.exclude
             else None
         )
@@ -43,7 +43,7 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
             _Compiled(
                 sig.id,
                 p.name,
-                compile_regex(p.regex, sig.ignore_case),
+                compile_bytes_regex(p.regex, sig.ignore_case),
                 p.on_message,
                 exclude,
                 p.regex,
@@ -140,14 +140,18 @@ class SignalClassifier:
         seen: set[str] = set()
         if hits is None:
             hits = self.hits(line)
+        if not hits:
+            return started
+        text_b = text.encode("utf-8")
+        message_b = line.message.encode("utf-8")
         for pat in (self._patterns[i] for i in hits):
             if pat.signal_id in seen:
                 continue
-            m = pat.regex.search(line.message if pat.on_message else text)
+            m = pat.regex.search(message_b if pat.on_message else text_b)
             if m is None:
                 continue
             seen.add(pat.signal_id)
-            if pat.exclude is not None and pat.exclude.search(text):
+            if pat.exclude is not None and pat.exclude.search(text_b):
                 continue
             key = (pat.signal_id, line.rank, pat.name)
             i = self._open.get(key)
@@ -158,7 +162,10 @@ class SignalClassifier:
                 growth.add(line, self._events[i].ts)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
-            detail.update({k: v for k, v in m.groupdict().items() if v is not None})
+            # names and values as bytes (the search ran over bytes)
+            detail.update(
+                {k.decode(): v.decode() for k, v in m.groupdict().items() if v is not None}
+            )
             ev = Event(
                 kind=pat.signal_id,
                 source=line.source,
