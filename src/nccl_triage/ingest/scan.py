@@ -144,6 +144,8 @@ class _Ahead:
                 done = pos + sum(len(x) + 1 for x in parts)
                 return [_cut(x) for x in parts] + _lines_from(buf, done, n - len(parts), end)
             self._window *= 4
+        if self._window <= MAX_LINE:
+            return parts  # no line is longer than the window
         return [_cut(x) for x in parts]
 
 
