@@ -15,7 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nccl_triage.errors import InputError
-from nccl_triage.ingest.reader import iter_lines, lines_from_bytes, segments, strip_ansi
+from nccl_triage.ingest.reader import (
+    iter_lines,
+    lines_from_bytes,
+    segment_bounds,
+    segments,
+    strip_ansi,
+)
 from nccl_triage.model import Report
 from nccl_triage.pipeline import Triage, parse_path
 from nccl_triage.ruleset import Ruleset
@@ -134,6 +140,53 @@ def test_segments(raw: bytes, expected: list[str]) -> None:
 )
 def test_strip_ansi(text: str, expected: str) -> None:
     assert strip_ansi(text) == expected
+
+
+LINE_PIECES = [
+    b"a",
+    b"x y",
+    b"\r",
+    b"\r\r",
+    b"[",
+    b"0",
+    b"1;2",
+    b"m",
+    b"[0m",
+    b"[1;31m",
+    b"\x1b[31m",
+    b"\x1b]0;title\x07",
+    "█".encode(),
+    "٣".encode(),  # an Arabic-Indic digit: "[٣m" is a code to strip_ansi
+    b"[\xd9\xa3m",
+    b"\xff",
+    b"\xc3",
+    b"{'loss': 3.9}",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(LINE_PIECES), max_size=14))
+def test_segment_bounds_are_the_segments_when_given(pieces: list[bytes]) -> None:
+    raw = b"".join(pieces)
+    bounds = segment_bounds(raw)
+    if bounds is not None:
+        assert [raw[a:b].decode("utf-8") for a, b in bounds] == segments(raw)
+    plain = b"\x1b" not in raw and b"m" not in raw
+    if plain and (raw.isascii() or (b"\xff" not in raw and b"\xc3" not in raw)):
+        assert bounds is not None  # most lines: no decoding, no codes
+
+
+def test_segment_bounds_of_a_redrawn_bar() -> None:
+    raw = "[default0]:\r 10%|█ | 1/10 [00:01<00:09]\r{'loss': 3.9}\r\r".encode()
+    assert [raw[a:b].decode() for a, b in segment_bounds(raw) or []] == [
+        "[default0]:",
+        " 10%|█ | 1/10 [00:01<00:09]",
+        "{'loss': 3.9}",
+    ]
+    assert segment_bounds(b"\x1b[31mred") is None
+    assert segment_bounds(b"plain [0m text") is None
+    assert segment_bounds(b"bad \xff byte") is None
+    assert segment_bounds(b"\r\r") == [(0, 0)]
 
 
 def test_iter_lines_keeps_physical_numbers(tmp_path: Path) -> None:

@@ -133,6 +133,14 @@ def logs(draw: st.DrawFn, pieces: list[bytes], long_piece: bytes, max_repeat: in
 SMALL = {
     # neighbours and candidates cut at 8 bytes, lines over 24 bytes set aside past 64 bytes
     "tiny": {"MAX_LINE": 8, "LONG_LINE": 24, "LOOKBEHIND": 2, "LOOKAHEAD": 3},
+    # the lines after a candidate split from small windows, long ones read one by one
+    "small-windows": {
+        "MAX_LINE": 8,
+        "LONG_LINE": 300,
+        "LOOKAHEAD": 5,
+        "_AHEAD_WINDOW": 4,
+        "_AHEAD_MAX": 16,
+    },
     "full-context": {
         "MAX_LINE": 8,
         "LONG_LINE": 24,

@@ -26,9 +26,10 @@ from nccl_triage.diagnose.engine import correlate
 from nccl_triage.diagnose.facts import add_dump_facts, compute_facts
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
-from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary
-from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor
+from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segment_bounds
+from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
 from nccl_triage.model import Correlation, Event, Kind, Line, Report, Unparsed, is_failure
+from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
 from nccl_triage.ruleset import Ruleset
@@ -95,6 +96,16 @@ CONTEXT_BEFORE = 3000
 CONTEXT_AFTER = 300
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A candidate line's segments that hold an anchor, peeled, and their signal hits."""
+
+    count: int  # segments of the line
+    at: list[int]  # the positions of those read
+    lines: list[Line]
+    hits: list[list[int]]
+
+
 @dataclass
 class _Input:
     """What the pipeline keeps for one input (one file of a job, or the one stream)."""
@@ -114,7 +125,7 @@ class _Input:
     peeled: dict[int, tuple[list[Line], list[list[int]]]] = field(default_factory=dict)
     # the same bytes seen on another line (a log that repeats a line verbatim): peeled and
     # matched once
-    same: dict[bytes, tuple[list[Line], list[list[int]]]] = field(default_factory=dict)
+    same: dict[bytes, _Read] = field(default_factory=dict)
     sniffed: int = 0  # bytes looked at for NULs (the first SNIFF_BYTES)
     nul_bytes: int = 0  # control bytes no text log has (NUL, BEL, ...; not tab, ESC, CR, LF)
     held: deque[Candidate] = field(default_factory=deque)  # the last ones, past the budget
@@ -217,25 +228,48 @@ class Triage:
             inp.candidates += 1
             known = inp.same.get(cand.raw)
             if known is not None:
-                lines = [replace(line, lineno=cand.lineno) for line in known[0]]
-                hits = known[1]
+                read = replace(known, lines=[replace(x, lineno=cand.lineno) for x in known.lines])
             else:
                 # once, for the grammar, the signals and the context windows
-                lines = peel_segments(inp.source, cand)
-                hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
+                read = self._read(inp, cand)
                 if len(cand.raw) <= SAME_LINE_BYTES:
                     if len(inp.same) >= SAME_LINES:
                         inp.same.clear()
-                    inp.same[cand.raw] = (lines, hits)
-            inp.parser.feed(cand, lines)
+                    inp.same[cand.raw] = read
+            inp.parser.feed(cand, read.lines, read.at, read.count)
             if self.ruleset.signals:
-                inp.peeled[cand.lineno] = (lines, hits)
-                for line, found in zip(lines, hits, strict=True):
+                if len(read.lines) == read.count:  # all of it: the context windows reuse it
+                    inp.peeled[cand.lineno] = (read.lines, read.hits)
+                for line, found in zip(read.lines, read.hits, strict=True):
                     inp.signals.feed(line, found)
         if self.ruleset.signals:
             self._open_windows(inp)
             self._read_windows(inp, final)
         return len(cands)
+
+    def _read(self, inp: _Input, cand: Candidate) -> _Read:
+        """Peel a candidate line's segments that hold an anchor and match them with the signals.
+
+        A progress bar redrawn with carriage returns is one physical line of many segments,
+        and the anchor is in one of them (the loss printed after the bar): the others are
+        neither messages nor signals, and are left to the context windows. Where the
+        segments' text is not the line's bytes (invalid UTF-8, terminal codes) and for lines
+        cut to MAX_LINE, every segment is read.
+        """
+        bounds = segment_bounds(cand.raw) if len(cand.raw) < MAX_LINE else None
+        if bounds is None or len(bounds) == 1:
+            lines = peel_segments(inp.source, cand)
+            at = list(range(len(lines)))
+            count = len(lines)
+        else:
+            at = inp.scanner.engine.parts_with_anchors(cand.raw, bounds)
+            lines = [
+                peel(Line(inp.source, cand.lineno, cand.raw[s:e].decode("utf-8")))
+                for s, e in (bounds[i] for i in at)
+            ]
+            count = len(bounds)
+        hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
+        return _Read(count, at, lines, hits)
 
     @staticmethod
     def _within_budget(

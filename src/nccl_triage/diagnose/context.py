@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Protocol
 
 from nccl_triage.diagnose.progress import Progress, parse_progress
 from nccl_triage.diagnose.signals import SignalClassifier
@@ -29,14 +29,19 @@ _NOT_OUTPUT = re.compile(
 )
 
 
+class Searcher(Protocol):
+    """A compiled pattern (``re`` or RE2): does it match somewhere in a text."""
+
+    def search(self, text: str) -> object:
+        """A match object, or None."""
+
+
 class ContextClassifier:
     """Reads the lines of one input's failure windows, in line order."""
 
-    def __init__(self, signals: Iterable[Signal], failure_text: Any) -> None:
+    def __init__(self, signals: Iterable[Signal], failure_text: Searcher) -> None:
         self._signals = SignalClassifier(signals)
-        self._failure_text = (
-            failure_text  # a compiled regex (.search) of the lines the grammar reads
-        )
+        self._failure_text = failure_text  # lines the grammar reads: failures, not output
         self._progress: dict[tuple[int | None, str], Event] = {}
         # per process (its local rank, where a tee prefix gives one, else its rank): its last
         # own line before its first failure line

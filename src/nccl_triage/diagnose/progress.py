@@ -62,7 +62,9 @@ class Progress:
 
 def parse_progress(text: str) -> Progress | None:
     """Read the last progress bar or counter of a line (a redrawn bar: its latest state)."""
-    bar = _last(_TQDM, text)
+    # Each form's literal is tested first: a search for a bar in a long line without "%"
+    # costs half a millisecond (its description is matched lazily from every position).
+    bar = _last(_TQDM, text) if "%" in text else None
     if bar is not None:
         total = _number(bar["total"])
         n = _number(bar["n"]) or 0.0
@@ -76,7 +78,7 @@ def parse_progress(text: str) -> Progress | None:
             rate=bar["rate"].strip() if bar["rate"] else None,
             form="tqdm",
         )
-    cut = _last(_PERCENT, text)
+    cut = _last(_PERCENT, text) if "%" in text else None
     if cut is not None:
         return Progress(
             desc=_clean(cut["desc"]),
@@ -88,8 +90,12 @@ def parse_progress(text: str) -> Progress | None:
             rate=None,
             form="percent",
         )
-    for rx, form in ((_MMENGINE, "mmengine"), (_DONE, "done"), (_COUNTER, "counter")):
-        m = _last(rx, text)
+    for rx, form, needs in (
+        (_MMENGINE, "mmengine", ("Epoch(", "Iter(")),
+        (_DONE, "done", ("done",)),
+        (_COUNTER, "counter", ("/", "of")),
+    ):
+        m = _last(rx, text) if any(x in text for x in needs) else None
         if m is None:
             continue
         n, total = float(m["n"]), float(m["total"])

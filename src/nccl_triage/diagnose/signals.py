@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from nccl_triage.ingest.regex import RegexSet, compile_regex, compile_set
+from nccl_triage.ingest.regex import RegexSet, compile_bytes_regex, compile_set
 from nccl_triage.model import Detail, Event, Line, Signal
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
@@ -23,9 +23,9 @@ RUN_GAP_LINES = 50  # the same signal again within this many lines extends the s
 class _Compiled:
     signal_id: str
     name: str
-    regex: Any
+    regex: Any  # over the UTF-8 bytes of the text (compile_bytes_regex)
     on_message: bool
-    exclude: Any  # one RE2 alternation of the signal's near-misses, or None
+    exclude: Any  # one RE2 alternation of the signal's near-misses (bytes), or None
     source: str = ""  # the pattern's text
     ignore_case: bool = False
 
@@ -35,7 +35,7 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
     out: list[_Compiled] = []
     for sig in signals:
         exclude = (
-            compile_regex("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
+            compile_bytes_regex("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
             if sig.exclude
             else None
         )
@@ -43,7 +43,7 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
             _Compiled(
                 sig.id,
                 p.name,
-                compile_regex(p.regex, sig.ignore_case),
+                compile_bytes_regex(p.regex, sig.ignore_case),
                 p.on_message,
                 exclude,
                 p.regex,
@@ -91,8 +91,7 @@ class SignalClassifier:
         )
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
-        # runs extended since their event was last built: index -> the lines added to it
-        self._grown: dict[int, list[Line]] = {}
+        self._grown: dict[int, _Growth] = {}  # runs extended since their event was built
 
     @property
     def events(self) -> list[Event]:
@@ -101,9 +100,9 @@ class SignalClassifier:
         return list(self._events)
 
     def _build(self) -> None:
-        """Fold the lines that extended runs into their events (once, not per line)."""
-        for i, lines in self._grown.items():
-            self._events[i] = _extended(self._events[i], lines)
+        """Write the lines that extended runs into their events (once, not per line)."""
+        for i, growth in self._grown.items():
+            self._events[i] = growth.applied(self._events[i])
         self._grown.clear()
 
     def prune(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
@@ -123,13 +122,6 @@ class SignalClassifier:
         self._events = kept
         return dropped
 
-    def _last_line(self, i: int) -> int:
-        grown = self._grown.get(i)
-        if grown:
-            return grown[-1].lineno
-        run = self._events[i]
-        return int(run.detail.get("last_line") or run.line)
-
     def hits(self, line: Line) -> list[int]:
         """The patterns whose prefilter matches a line (one pass over it for all of them).
 
@@ -148,22 +140,32 @@ class SignalClassifier:
         seen: set[str] = set()
         if hits is None:
             hits = self.hits(line)
+        if not hits:
+            return started
+        text_b = text.encode("utf-8")
+        message_b = line.message.encode("utf-8")
         for pat in (self._patterns[i] for i in hits):
             if pat.signal_id in seen:
                 continue
-            m = pat.regex.search(line.message if pat.on_message else text)
+            m = pat.regex.search(message_b if pat.on_message else text_b)
             if m is None:
                 continue
             seen.add(pat.signal_id)
-            if pat.exclude is not None and pat.exclude.search(text):
+            if pat.exclude is not None and pat.exclude.search(text_b):
                 continue
             key = (pat.signal_id, line.rank, pat.name)
             i = self._open.get(key)
             if i is not None and line.lineno - self._last_line(i) <= RUN_GAP_LINES:
-                self._grown.setdefault(i, []).append(line)
+                growth = self._grown.get(i)
+                if growth is None:
+                    growth = self._grown[i] = _Growth()
+                growth.add(line, self._events[i].ts)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
-            detail.update({k: v for k, v in m.groupdict().items() if v is not None})
+            # names and values as bytes (the search ran over bytes)
+            detail.update(
+                {k.decode(): v.decode() for k, v in m.groupdict().items() if v is not None}
+            )
             ev = Event(
                 kind=pat.signal_id,
                 source=line.source,
@@ -182,16 +184,38 @@ class SignalClassifier:
             started.append(ev)
         return started
 
+    def _last_line(self, i: int) -> int:
+        growth = self._grown.get(i)
+        if growth is not None:
+            return growth.last_line
+        run = self._events[i]
+        return int(run.detail.get("last_line") or run.line)
 
-def _extended(run: Event, lines: list[Line]) -> Event:
-    """The run ``run`` of a signal, extended by more lines of it (in line order)."""
-    detail = dict(run.detail)
-    last = lines[-1]
-    detail["last_line"] = last.lineno
-    detail["count"] = int(detail.get("count") or 1) + len(lines)
-    timed = next((x for x in reversed(lines) if x.time is not None), None)
-    if timed is not None:
-        detail["last_time"] = timed.time
-        if timed.ts is not None and run.ts is not None:
-            detail["duration_s"] = round(timed.ts - run.ts)
-    return replace(run, detail=Detail(detail))
+
+@dataclass(slots=True)
+class _Growth:
+    """The lines that extended a run of a signal since its event was last built."""
+
+    lines: int = 0
+    last_line: int = 0
+    last_time: str | None = None
+    duration_s: int | None = None
+
+    def add(self, line: Line, start_ts: float | None) -> None:
+        self.lines += 1
+        self.last_line = line.lineno
+        if line.time is not None:
+            self.last_time = line.time
+            if line.ts is not None and start_ts is not None:
+                self.duration_s = round(line.ts - start_ts)
+
+    def applied(self, run: Event) -> Event:
+        """The run's event with these lines (as if it had been extended line by line)."""
+        detail = dict(run.detail)
+        detail["last_line"] = self.last_line
+        detail["count"] = int(detail.get("count") or 1) + self.lines
+        if self.last_time is not None:
+            detail["last_time"] = self.last_time
+            if self.duration_s is not None:
+                detail["duration_s"] = self.duration_s
+        return replace(run, detail=Detail(detail))

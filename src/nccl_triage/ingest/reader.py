@@ -210,6 +210,10 @@ def iter_chunks(stream: Reader, size: int = CHUNK_SIZE) -> Iterator[bytes]:
         yield data
 
 
+# The same codes in bytes, to tell a line that has none without decoding it.
+_ANSI_BYTES = re.compile(_ANSI.pattern.encode())
+
+
 def strip_ansi(text: str) -> str:
     """Remove terminal colour and cursor codes, with or without their ESC byte."""
     if "[" not in text and "\x1b" not in text:
@@ -236,6 +240,52 @@ def segments(raw: bytes) -> list[str]:
         return [text]
     parts = [p for p in text.split("\r") if p]
     return parts or [""]
+
+
+def _may_hold_bare_sgr(raw: bytes) -> bool:
+    """Whether a line may hold a bare SGR code ("[0m"): an "m" after a digit (a non-ASCII one too)."""
+    m = raw.find(b"m", 1)
+    while m > 0:
+        before = raw[m - 1]
+        if 48 <= before <= 57 or before >= 0x80:
+            return True
+        m = raw.find(b"m", m + 1)
+    return False
+
+
+def segment_bounds(raw: bytes) -> list[tuple[int, int]] | None:
+    """Where the segments of :func:`segments` lie in ``raw``, when they are its bytes unchanged.
+
+    That is when the line is valid UTF-8 without terminal codes (most lines): the segments are
+    then ``raw[start:end].decode()``. None otherwise (decoding or removing codes changes the
+    bytes).
+    """
+    if b"\x1b" in raw:
+        return None
+    if raw.isascii():
+        if _may_hold_bare_sgr(raw) and _ANSI_BYTES.search(raw):
+            return None
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if _may_hold_bare_sgr(raw) and _ANSI.search(text):
+            return None
+    end = len(raw.rstrip(b"\r")) if raw.endswith(b"\r") else len(raw)
+    cr = raw.find(b"\r", 0, end)
+    if cr < 0:
+        return [(0, end)]
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while cr >= 0:
+        if cr > start:
+            bounds.append((start, cr))
+        start = cr + 1
+        cr = raw.find(b"\r", start, end)
+    if end > start:
+        bounds.append((start, end))
+    return bounds or [(0, 0)]
 
 
 def iter_lines(path: str, stdin: IO[bytes] | None = None) -> Iterator[Line]:

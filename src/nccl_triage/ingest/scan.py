@@ -6,12 +6,13 @@ neighbouring lines (terminals hard-wrap long messages, so the parser may need to
 and a bounded :class:`History` of the most recent complete lines, from which the diagnosis
 reads the context of a failure.
 
-One scanner serves files and streams. One compiled RE2 alternation runs over each chunk where
-it lies (no copy of the chunk): only the line that straddles two chunks is joined. Python code
-runs per match, never per line; newlines are counted by ``bytes.count`` on small ranges and by
-``numpy`` on large ranges of large inputs (about 3x faster; its import costs 0.15 s). A line of
-many megabytes is never held whole (see :class:`_LongLine`), so memory stays bounded whatever
-the line lengths.
+One scanner serves files and streams. One search engine (:mod:`nccl_triage.ingest.engines`: a
+Hyperscan database, or an RE2 alternation where Hyperscan is not installed, with the same
+lines) runs over each chunk where it lies (no copy of the chunk): only the line that straddles
+two chunks is joined. Python code runs per candidate line, never per line; newlines are
+counted by ``bytes.count`` on small ranges and by ``numpy`` on large ranges of large inputs
+(about 3x faster; its import costs 0.15 s). A line of many megabytes is never held whole (see
+:class:`_LongLine`), so memory stays bounded whatever the line lengths.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from functools import cache
 from typing import Any
 
 from nccl_triage.ingest.anchors import ANCHORS
+from nccl_triage.ingest.engines import REGEX_PREFIX, Engine, scan_engine, split_anchors
 from nccl_triage.ingest.regex import compile_bytes_alternation
 
 LOOKBEHIND = 2  # physical lines kept before a candidate (a message wrapped before its anchor)
@@ -35,10 +37,6 @@ _SMALL = 64 << 10  # below this many bytes, bytes.count counts newlines; above, 
 _BLOCK = 256 << 10  # numpy compares this many bytes at a time (the temporary stays in cache)
 _NUMPY_AFTER = 256 << 20  # numpy is imported once an input has been this large
 _np: Any = None  # the numpy module, once imported
-
-# An anchor starting with this is an RE2 regular expression rather than a literal (a signal
-# pattern written without literal anchors).
-REGEX_PREFIX = "\x00re:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +60,7 @@ def compile_anchors(anchors: tuple[str, ...]) -> Any:
 
     Literals, and regular expressions marked by :func:`regex_anchor`.
     """
-    literals = sorted({a for a in anchors if not a.startswith(REGEX_PREFIX)}, key=len, reverse=True)
-    regexes = [a[len(REGEX_PREFIX) :] for a in dict.fromkeys(anchors) if a.startswith(REGEX_PREFIX)]
-    return compile_bytes_alternation(
-        tuple(a.encode() for a in literals), tuple(r.encode() for r in regexes)
-    )
+    return compile_bytes_alternation(*split_anchors(anchors))
 
 
 def _load_numpy() -> None:
@@ -122,37 +116,46 @@ def _lines_from(buf: bytes, pos: int, n: int, end: int) -> list[bytes]:
 
 
 class _Ahead:
-    """The LOOKAHEAD lines after each candidate of one buffer, each line split once.
+    """The LOOKAHEAD lines after each candidate of one buffer, split in bulk.
 
-    Candidates often follow each other (a log dense with NCCL lines): the next one's lines
-    after are this one's, less the first, plus one.
+    One split of a window of the buffer gives them (lines are mostly short); a window too
+    small for them grows (up to _AHEAD_MAX), past which long lines are read one by one.
     """
 
     def __init__(self, buf: bytes, end: int) -> None:
         self._buf, self._end = buf, end
-        self._starts: deque[int] = deque()
-        self._lines: deque[bytes] = deque()
-        self._next = -1  # where the line after the last one held starts
+        self._window = _AHEAD_WINDOW
 
     def lines(self, pos: int) -> list[bytes]:
         """Up to LOOKAHEAD lines starting at ``pos``."""
-        starts, lines = self._starts, self._lines
-        while starts and starts[0] < pos:
-            starts.popleft()
-            lines.popleft()
-        if not starts or starts[0] != pos:
-            starts.clear()
-            lines.clear()
-            self._next = pos
-        buf, end = self._buf, self._end
-        while len(lines) < LOOKAHEAD and self._next < end:
-            nl = buf.find(b"\n", self._next, end)
-            if nl < 0:
-                nl = end
-            starts.append(self._next)
-            lines.append(_clip(buf, self._next, nl))
-            self._next = nl + 1
-        return list(lines)
+        buf, end, n = self._buf, self._end, LOOKAHEAD
+        if n <= 0:
+            return []
+        while True:
+            stop = min(end, pos + self._window)
+            parts = buf[pos:stop].split(b"\n", n)
+            if len(parts) > n:  # n complete lines, and what follows them
+                del parts[n:]
+                break
+            parts.pop()  # after the window's last newline: the buffer's end, or a cut line
+            if stop == end:
+                break
+            if self._window >= _AHEAD_MAX:
+                done = pos + sum(len(x) + 1 for x in parts)
+                return [_cut(x) for x in parts] + _lines_from(buf, done, n - len(parts), end)
+            self._window *= 4
+        if self._window <= MAX_LINE:
+            return parts  # no line is longer than the window
+        return [_cut(x) for x in parts]
+
+
+_AHEAD_WINDOW = 8 << 10  # the first window split for a candidate's lines after
+_AHEAD_MAX = 256 << 10  # the largest
+
+
+def _cut(line: bytes) -> bytes:
+    """A neighbour line: its first MAX_LINE bytes."""
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE]
 
 
 # ----------------------------------------------------------------------------- history
@@ -264,14 +267,21 @@ class Scanner:
     pump had to drop, so line numbers stay right.
     """
 
-    def __init__(self, anchors: Sequence[str] = ANCHORS, history: int = HISTORY_BYTES) -> None:
+    def __init__(
+        self,
+        anchors: Sequence[str] = ANCHORS,
+        history: int = HISTORY_BYTES,
+        engine: str | None = None,
+    ) -> None:
+        """Start a scan for ``anchors``; ``engine`` as ``NCCL_TRIAGE_SCAN`` (None: the variable)."""
         self._anchors = tuple(anchors)
-        self._pattern = compile_anchors(self._anchors)
+        self.engine: Engine = scan_engine(self._anchors, engine)
         self._partial = b""  # the unfinished last line, while it is short
         self._long: _LongLine | None = None  # the unfinished last line once it is long
         self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
         self._lineno = 1  # number of the line being assembled
         self._pending: deque[_Pending] = deque()
+        self._done: list[Candidate] = []  # complete, in order, before any pending one
         self.bytes = 0
         self.history = History(history)
 
@@ -322,8 +332,7 @@ class Scanner:
         self._lineno += newlines - 1
         self._prev.clear()
         self.history.clear()
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
+        out = self._all()
         self._grow(tail, now)
         return out
 
@@ -335,17 +344,13 @@ class Scanner:
         """
         if not self._pending or self._pending[0].since > found_before:
             return []
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        return out
+        return self._all()
 
     def close(self) -> list[Candidate]:
         """End of input: the unfinished line is the last line; hand out everything."""
         if self._partial or self._long is not None:
             self._finish_line(b"", 0, 0.0)  # the last line had no newline of its own
-        out = [p.done() for p in self._pending]
-        self._pending.clear()
-        return out
+        return self._all()
 
     def _grow(self, data: bytes, now: float) -> None:
         """Add bytes to the unfinished last line (never holding more than LONG_LINE of it)."""
@@ -358,7 +363,7 @@ class Scanner:
         if len(self._partial) > LONG_LINE:
             literal = [a for a in self._anchors if not a.startswith(REGEX_PREFIX)]
             overlap = max((len(a.encode()) for a in literal), default=1) - 1
-            self._long = _LongLine(self._pattern, overlap)
+            self._long = _LongLine(self.engine.pattern, overlap)
             self._long.feed(self._partial)
             self._partial = b""
 
@@ -389,29 +394,25 @@ class Scanner:
         first = self._lineno
         lineno, counted, pos = first, start, start
         ahead = _Ahead(buf, end)
-        while scan and pos < end:
-            m = self._pattern.search(buf, pos, end)
-            if m is None:
-                break
-            at = m.start()
+        for at in self.engine.hits(buf, start, end) if scan else ():
+            if at < pos:
+                continue  # another anchor of the line just read
             line_start = max(buf.rfind(b"\n", start, at) + 1, start)
             line_end = buf.find(b"\n", at, end)
             line_end = end - 1 if line_end < 0 else line_end
+            if line_end - line_start > MAX_LINE:
+                at = self.engine.leftmost(buf, line_start, line_end)  # the window is around it
             lineno += count_newlines(buf, counted, line_start)
             counted = line_start
             before = _lines_before(buf, line_start, LOOKBEHIND, start)
             missing = LOOKBEHIND - len(before)
             if missing > 0 and self._prev:
                 before = list(self._prev)[-missing:] + before
-            self._pending.append(
-                _Pending(
-                    lineno,
-                    _clip(buf, line_start, line_end, at),
-                    tuple(before),
-                    ahead.lines(line_end + 1),
-                    now,
-                )
-            )
+            raw, after = _clip(buf, line_start, line_end, at), ahead.lines(line_end + 1)
+            if len(after) >= LOOKAHEAD and not self._pending:
+                self._done.append(Candidate(lineno, raw, tuple(before), tuple(after)))
+            else:  # its lines after are in the next chunk
+                self._pending.append(_Pending(lineno, raw, tuple(before), after, now))
             pos = line_end + 1
         total = (lineno - first) + count_newlines(buf, counted, end)
         if LOOKBEHIND:
@@ -420,14 +421,24 @@ class Scanner:
         self._lineno = first + total
 
     def _ready(self) -> list[Candidate]:
-        out: list[Candidate] = []
+        out, self._done = self._done, []
         while self._pending and len(self._pending[0].after) >= LOOKAHEAD:
             out.append(self._pending.popleft().done())
         return out
 
+    def _all(self) -> list[Candidate]:
+        """Every candidate found, complete or not."""
+        out, self._done = self._done, []
+        out.extend(p.done() for p in self._pending)
+        self._pending.clear()
+        return out
+
 
 def scan(
-    chunks: Iterable[bytes], anchors: tuple[str, ...] = ANCHORS, stats: dict[str, int] | None = None
+    chunks: Iterable[bytes],
+    anchors: tuple[str, ...] = ANCHORS,
+    stats: dict[str, int] | None = None,
+    engine: str | None = None,
 ) -> Iterator[Candidate]:
     r"""Yield every physical line of the byte stream that holds one of ``anchors``.
 
@@ -438,8 +449,9 @@ def scan(
     candidate, from its start when it is a neighbour.
 
     ``stats`` (when given) receives ``lines``: the number of physical lines, and ``bytes``.
+    ``engine`` as ``NCCL_TRIAGE_SCAN`` (None: the variable decides).
     """
-    scanner = Scanner(anchors, history=0)
+    scanner = Scanner(anchors, history=0, engine=engine)
     for data in chunks:
         yield from scanner.feed(data)
     yield from scanner.close()

@@ -215,6 +215,8 @@ def peel(line: Line) -> Line:
 
 
 def _json_payload(text: str, line: Line) -> str | None:
+    if text[1:].lstrip(" \t\n\r")[:1] not in ('"', "}"):
+        return None  # no JSON object (a Python dict printed with quotes ', a loss dict)
     try:
         obj = json.loads(text)
     except ValueError:

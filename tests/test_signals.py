@@ -1,0 +1,82 @@
+"""Runs of a signal grow by counting: the events are those extending them line by line gives,
+however often they are read or pruned on the way."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nccl_triage.diagnose.signals import SignalClassifier
+from nccl_triage.model import Event, Line
+from nccl_triage.parse.anatomy import peel
+from nccl_triage.ruleset import load_ruleset
+
+SIGNALS = load_ruleset().signals
+TEXTS = [
+    "{{'loss': 3.95, 'grad_norm': 1.5, 'epoch': 0.01}}",
+    "[2024-10-22 10:07:{s:02d},900] {{'loss': 3.9, 'epoch': 0.02}}",
+    "[rank{r}]:[2024-10-22 10:08:{s:02d},100] {{'loss': 2.5, 'epoch': 0.03}}",
+    "[rank{r}]: Saving model checkpoint to /ckpt/checkpoint-{s}",
+    "plain output {s}",
+]
+
+
+def line(n: int, choice: int, second: int, rank: int) -> Line:
+    return peel(Line("<log>", n, TEXTS[choice].format(s=second, r=rank)))
+
+
+def run(steps: list[tuple[int, int, int, int]], read_every_line: bool) -> list[Event]:
+    classifier = SignalClassifier(SIGNALS)
+    n = 0
+    for gap, choice, second, rank in steps:
+        n += gap
+        classifier.feed(line(n, choice, second, rank))
+        if read_every_line:
+            classifier.events  # noqa: B018 - builds every grown run, as one line at a time did
+    return classifier.events
+
+
+STEPS = st.lists(
+    st.tuples(st.integers(1, 70), st.integers(0, 4), st.integers(0, 59), st.integers(0, 2)),
+    max_size=60,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=STEPS)
+def test_runs_grow_as_if_extended_line_by_line(steps: list[tuple[int, int, int, int]]) -> None:
+    assert run(steps, read_every_line=False) == run(steps, read_every_line=True)
+
+
+@settings(max_examples=50, deadline=None)
+@given(steps=STEPS, cut=st.integers(0, 2000))
+def test_pruning_builds_the_runs_first(steps: list[tuple[int, int, int, int]], cut: int) -> None:
+    lazy, eager = SignalClassifier(SIGNALS), SignalClassifier(SIGNALS)
+    n = 0
+    for i, (gap, choice, second, rank) in enumerate(steps):
+        n += gap
+        lazy.feed(line(n, choice, second, rank))
+        eager.feed(line(n, choice, second, rank))
+        eager.events  # noqa: B018
+        if i == len(steps) // 2:
+            assert lazy.prune(cut) == eager.prune(cut)
+    assert lazy.events == eager.events
+
+
+def test_a_run_counts_its_lines_and_times() -> None:
+    classifier = SignalClassifier(SIGNALS)
+    for n, second in ((10, 1), (12, 5), (14, 9)):
+        classifier.feed(line(n, 1, second, 0))
+    [event] = classifier.events
+    assert event.kind == "training_progress" and event.line == 10
+    assert (event.detail["count"], event.detail["last_line"]) == (3, 14)
+    assert event.detail["duration_s"] == 8
+
+
+def test_named_groups_are_text() -> None:
+    classifier = SignalClassifier(SIGNALS)
+    classifier.feed(line(5, 3, 42, 1))
+    [event] = classifier.events
+    assert event.kind == "checkpoint_save"
+    assert event.detail["path"] == "/ckpt/checkpoint-42"
+    assert all(isinstance(k, str) for k in event.detail)
