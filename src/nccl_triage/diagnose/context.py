@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from nccl_triage.diagnose.progress import Progress, parse_progress
-from nccl_triage.diagnose.signals import SignalClassifier
-from nccl_triage.model import Detail, Event, Line, PrefixKind, Signal
+from nccl_triage.diagnose.signals import SignalClassifier, event_of
+from nccl_triage.model import Event, Line, PrefixKind, Signal
 from nccl_triage.model.fields import LAST_OUTPUT, PROGRESS
 
 # Lines that are no rank's own output: tracebacks, C++ frames, separators, launcher chatter.
@@ -62,7 +62,9 @@ class ContextClassifier:
         if self._failure_text.search(text):
             self._failed.add(who)
         elif not _NOT_OUTPUT.match(text):
-            self._last[who] = _event(line, LAST_OUTPUT, {"signals": _ids(e.kind for e in started)})
+            self._last[who] = event_of(
+                line, LAST_OUTPUT, {"signals": _ids(e.kind for e in started)}
+            )
 
     def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
         key = (line.rank, _bar_key(bar.desc))
@@ -85,29 +87,13 @@ class ContextClassifier:
             "first_line": first_line,
             "first_time": first_time,
         }
-        ev = _event(line, PROGRESS, detail)
+        ev = event_of(line, PROGRESS, detail)
         self._progress[key] = ev
 
     def events(self) -> list[Event]:
         """Signal, progress and last-output events, in line order."""
         out = [*self._signals.events, *self._progress.values(), *self._last.values()]
         return sorted(out, key=lambda e: e.line)
-
-
-def _event(line: Line, kind: str, detail: dict[str, str | int | None]) -> Event:
-    return Event(
-        kind=kind,
-        source=line.source,
-        line=line.lineno,
-        text=line.text.strip(),
-        rank=line.rank,
-        local_rank=line.local_rank,
-        host=line.host,
-        pid=line.pid,
-        time=line.time,
-        ts=line.ts,
-        detail=Detail(detail),
-    )
 
 
 def _ids(kinds: Iterable[str]) -> str:

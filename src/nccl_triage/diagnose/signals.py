@@ -166,19 +166,7 @@ class SignalClassifier:
             detail.update(
                 {k.decode(): v.decode() for k, v in m.groupdict().items() if v is not None}
             )
-            ev = Event(
-                kind=pat.signal_id,
-                source=line.source,
-                line=line.lineno,
-                text=text.strip(),
-                rank=line.rank,
-                local_rank=line.local_rank,
-                host=line.host,
-                pid=line.pid,
-                time=line.time,
-                ts=line.ts,
-                detail=Detail(detail),
-            )
+            ev = event_of(line, pat.signal_id, detail)
             self._open[key] = len(self._events)
             self._events.append(ev)
             started.append(ev)
@@ -219,3 +207,20 @@ class _Growth:
             if self.duration_s is not None:
                 detail["duration_s"] = self.duration_s
         return replace(run, detail=Detail(detail))
+
+
+def event_of(line: Line, kind: str, detail: dict[str, str | int | None]) -> Event:
+    """An event of ``kind`` on ``line``: its place, rank, process and time, and ``detail``."""
+    return Event(
+        kind=kind,
+        source=line.source,
+        line=line.lineno,
+        text=line.text.strip(),
+        rank=line.rank,
+        local_rank=line.local_rank,
+        host=line.host,
+        pid=line.pid,
+        time=line.time,
+        ts=line.ts,
+        detail=Detail(detail),
+    )
