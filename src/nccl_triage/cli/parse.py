@@ -33,6 +33,9 @@ from nccl_triage.model import Event, Kind, Report
 @click.option("--unparsed", is_flag=True, help="List candidate lines the grammar could not read.")
 def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     """Print the structured events of each LOG (a path, - for stdin; .gz/.bz2/.xz/.zst too)."""
+    from nccl_triage.pipeline import parse_path, settle_collector
+
+    settle_collector()
     out = sys.stdout
     read_any = False
     unreadable = False
@@ -40,8 +43,6 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     with quiet_broken_pipe():
         for path in logs:
             try:
-                from nccl_triage.pipeline import parse_path
-
                 result = parse_path(path)
             except TriageError as exc:
                 error(str(exc))

@@ -63,10 +63,11 @@ def triage(
     max_candidates: int,
 ) -> None:
     """Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."""
-    from nccl_triage.pipeline import triage_path
+    from nccl_triage.pipeline import settle_collector, triage_path
     from nccl_triage.render.report import render_json_line, render_markdown, render_text
 
     ruleset = load_rules(rule_dirs, only, disable)
+    settle_collector()
     out = sys.stdout
     if color is None:
         color = out.isatty() and not os.environ.get("NO_COLOR")

@@ -30,6 +30,7 @@ from nccl_triage.live.link import (
     write_all,
 )
 from nccl_triage.live.triage import ANALYSER_NICE, EXIT_USAGE, READ_SIZE, LiveStatus, LiveTriage
+from nccl_triage.pipeline import settle_collector
 
 # ----------------------------------------------------------------------------- the analyser
 
@@ -155,6 +156,7 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
     try:
         sink = ReportSink(config, ruleset.template_dirs)
         warm_up(ruleset, sink)
+        settle_collector()
         # Start-up (about a second of CPU) competes fairly, so that the analysis is ready long
         # before a job fails even on a busy node; from then on it yields to the job.
         with contextlib.suppress(OSError):
