@@ -217,6 +217,18 @@ def engine_choice() -> str:
     return choice
 
 
+def check_choice() -> str:
+    """The engine ``NCCL_TRIAGE_SCAN`` asks for, checked before any input is read.
+
+    Raises:
+        TriageError: the variable names no engine, or asks for Hyperscan where it is missing.
+    """
+    choice = engine_choice()
+    if choice == "hyperscan" and hsdb.hyperscan_module() is None:
+        raise TriageError(ENV, "hyperscan is not installed (pip install hyperscan)")
+    return choice
+
+
 def scan_engine(anchors: tuple[str, ...], choice: str | None = None) -> Engine:
     """The engine for a set of anchors (``choice`` as ``NCCL_TRIAGE_SCAN``; compiled once).
 

@@ -142,10 +142,12 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config = AnalyserConfig.from_json(args[0])
     from nccl_triage.errors import TriageError
+    from nccl_triage.ingest.engines import check_choice
     from nccl_triage.ruleset import load_ruleset
 
     try:
         ruleset = load_ruleset(config.rules, only=config.only, disable=config.disable)
+        check_choice()
     except TriageError as exc:
         for line in str(exc).splitlines():
             say(line)
