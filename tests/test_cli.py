@@ -202,3 +202,27 @@ def test_a_dense_log_is_read_within_the_budget_and_says_what_it_skipped(tmp_path
 def test_help_has_no_stray_escapes(command: str) -> None:
     text = invoke([command, "--help"], 0).stdout
     assert "\\b" not in text and "\b" not in text
+
+
+@pytest.mark.parametrize("command", ["triage", "parse"])
+def test_an_unknown_scan_engine_is_one_line_and_exit_2(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NCCL_TRIAGE_SCAN", "grep")
+    result = CliRunner().invoke(main, [command, "-"], input=TIMEOUT)
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "nccl-triage: NCCL_TRIAGE_SCAN: expected one of auto, hyperscan, re2, not 'grep'"
+    )
+
+
+def test_hyperscan_asked_for_where_it_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nccl_triage.ingest import hsdb
+
+    monkeypatch.setattr(hsdb, "hyperscan_module", lambda: None)
+    monkeypatch.setenv("NCCL_TRIAGE_SCAN", "hyperscan")
+    result = CliRunner().invoke(main, ["triage", "-"], input=TIMEOUT)
+    assert result.exit_code == 2
+    assert "NCCL_TRIAGE_SCAN: hyperscan is not installed" in result.output
+    monkeypatch.setenv("NCCL_TRIAGE_SCAN", "re2")
+    invoke(["triage", "-"], 1, input=TIMEOUT)

@@ -16,6 +16,7 @@ rule engine (:mod:`nccl_triage.diagnose`). A job's flight-recorder dumps, when i
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -501,6 +502,20 @@ def build_report(
 
 
 # ----------------------------------------------------------------------------- entry points
+
+
+def settle_collector() -> None:
+    """Tune Python's cycle collector for a process that reads a big log, once it has started.
+
+    Reading a log allocates millions of short-lived objects; with the default thresholds the
+    collector runs every 700 of them and keeps walking everything start-up built (rules,
+    grammar, compiled patterns): about a fifth of the time of a triage of a 1.2 GB log. What
+    exists now is frozen out of its walks, and it runs every 20,000 allocations. Only the
+    command line and the live analyser call this: a program that imports the library keeps
+    its own settings.
+    """
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def feed_file(

@@ -73,7 +73,19 @@ def load_rules(
         sys.exit(EXIT_USAGE)
     for notice in ruleset.notices:
         error(notice)
+    check_scan_engine()
     return ruleset
+
+
+def check_scan_engine() -> None:
+    """Exit 2 with one line when ``NCCL_TRIAGE_SCAN`` names no usable engine."""
+    from nccl_triage.ingest.engines import check_choice
+
+    try:
+        check_choice()
+    except TriageError as exc:
+        error(str(exc))
+        sys.exit(EXIT_USAGE)
 
 
 def exit_status(read_any: bool, unreadable: bool, failed: bool) -> int:

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import click
 
-from nccl_triage.cli.common import error, exit_status, quiet_broken_pipe
+from nccl_triage.cli.common import check_scan_engine, error, exit_status, quiet_broken_pipe
 from nccl_triage.errors import TriageError
 from nccl_triage.model import Event, Kind, Report
 
@@ -33,6 +33,10 @@ from nccl_triage.model import Event, Kind, Report
 @click.option("--unparsed", is_flag=True, help="List candidate lines the grammar could not read.")
 def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     """Print the structured events of each LOG (a path, - for stdin; .gz/.bz2/.xz/.zst too)."""
+    from nccl_triage.pipeline import parse_path, settle_collector
+
+    check_scan_engine()
+    settle_collector()
     out = sys.stdout
     read_any = False
     unreadable = False
@@ -40,8 +44,6 @@ def parse(logs: tuple[str, ...], fmt: str, unparsed: bool) -> None:
     with quiet_broken_pipe():
         for path in logs:
             try:
-                from nccl_triage.pipeline import parse_path
-
                 result = parse_path(path)
             except TriageError as exc:
                 error(str(exc))

@@ -79,13 +79,14 @@ def triage(
     they blame, on the CPU or the GPU side, and the code those ranks were last in.
     """
     from nccl_triage.flightrec.job import read_flight_recorder
-    from nccl_triage.pipeline import triage_path
+    from nccl_triage.pipeline import settle_collector, triage_path
     from nccl_triage.render.report import render_json_line, render_markdown, render_text
 
     ruleset = load_rules(rule_dirs, only, disable)
     dumps = read_flight_recorder(fr_sources) if fr_sources else None
     for problem in dumps.problems if dumps is not None else ():
         error(problem)
+    settle_collector()
     out = sys.stdout
     if color is None:
         color = out.isatty() and not os.environ.get("NO_COLOR")

@@ -1,9 +1,10 @@
 r"""Where the candidate scan finds its anchors: Hyperscan when installed, RE2 otherwise.
 
-Input: the scan's anchors (literal phrases, and RE2 regexes marked with
-:data:`~nccl_triage.ingest.anchors.REGEX_PREFIX`) and buffers of complete lines. Output: for
-each line of a buffer that holds an anchor, one offset inside it (:meth:`Engine.hits`), and a
-line's leftmost anchor (:meth:`Engine.leftmost`).
+Input: the scan's anchors (literal phrases, and RE2 regexes marked with :data:`REGEX_PREFIX`)
+and buffers of complete lines. Output: for each line of a buffer that holds an anchor, one
+offset inside it (:meth:`Engine.hits`); a line's leftmost anchor (:meth:`Engine.leftmost`);
+the parts of a line redrawn with carriage returns that hold one
+(:meth:`Engine.parts_with_anchors`).
 
 Both engines find the same lines. A line holds an anchor when a literal occurs in it or a
 regex matches within it, as RE2 reads the buffer (UTF-8, never matching a newline; ``\b``,
@@ -214,6 +215,18 @@ def engine_choice() -> str:
     choice = os.environ.get(ENV, "").strip().lower() or "auto"
     if choice not in CHOICES:
         raise TriageError(ENV, f"expected one of {', '.join(CHOICES)}, not {choice!r}")
+    return choice
+
+
+def check_choice() -> str:
+    """The engine ``NCCL_TRIAGE_SCAN`` asks for, checked before any input is read.
+
+    Raises:
+        TriageError: the variable names no engine, or asks for Hyperscan where it is missing.
+    """
+    choice = engine_choice()
+    if choice == "hyperscan" and hsdb.hyperscan_module() is None:
+        raise TriageError(ENV, "hyperscan is not installed (pip install hyperscan)")
     return choice
 
 

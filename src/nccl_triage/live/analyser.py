@@ -30,6 +30,7 @@ from nccl_triage.live.link import (
     write_all,
 )
 from nccl_triage.live.triage import ANALYSER_NICE, EXIT_USAGE, READ_SIZE, LiveStatus, LiveTriage
+from nccl_triage.pipeline import settle_collector
 
 # ----------------------------------------------------------------------------- the analyser
 
@@ -141,10 +142,12 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     config = AnalyserConfig.from_json(args[0])
     from nccl_triage.errors import TriageError
+    from nccl_triage.ingest.engines import check_choice
     from nccl_triage.ruleset import load_ruleset
 
     try:
         ruleset = load_ruleset(config.rules, only=config.only, disable=config.disable)
+        check_choice()
     except TriageError as exc:
         for line in str(exc).splitlines():
             say(line)
@@ -155,6 +158,7 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
     try:
         sink = ReportSink(config, ruleset.template_dirs)
         warm_up(ruleset, sink)
+        settle_collector()
         # Start-up (about a second of CPU) competes fairly, so that the analysis is ready long
         # before a job fails even on a busy node; from then on it yields to the job.
         with contextlib.suppress(OSError):
