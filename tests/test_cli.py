@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,3 +228,29 @@ def test_hyperscan_asked_for_where_it_is_missing(monkeypatch: pytest.MonkeyPatch
     assert "NCCL_TRIAGE_SCAN: hyperscan is not installed" in result.output
     monkeypatch.setenv("NCCL_TRIAGE_SCAN", "re2")
     invoke(["triage", "-"], 1, input=TIMEOUT)
+
+
+def test_the_top_level_help_lists_each_command_as_its_own_help_says() -> None:
+    """--help names the commands without importing them: their summaries are kept here."""
+    import click
+
+    from nccl_triage.cli import _SUMMARIES
+
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):
+        cmd = main.get_command(ctx, name)
+        assert cmd is not None and cmd.help is not None
+        assert _SUMMARIES[name] == cmd.help.split("\n\n")[0].strip(), name
+    out = CliRunner().invoke(main, ["--help"]).stdout
+    assert all(f"  {name}  " in out for name in _SUMMARIES)
+
+
+def test_the_top_level_help_imports_no_command() -> None:
+    code = (
+        "import sys; from click.testing import CliRunner; from nccl_triage.cli import main; "
+        "CliRunner().invoke(main, ['--help']); "
+        "print(sorted(m for m in sys.modules if m.startswith('nccl_triage.cli.') "
+        "and m != 'nccl_triage.cli.common'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

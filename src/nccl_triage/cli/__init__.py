@@ -30,6 +30,22 @@ _COMMANDS = {
     "fr": "nccl_triage.cli.fr:fr",
     "docs": "nccl_triage.cli.docs:docs",
 }
+# The first sentence of each command's help, for the top-level --help without importing every
+# command (a test keeps them equal to the commands' own).
+_SUMMARIES = {
+    "batch": "Triage every job log under PATH... into one table, a summary and an HTML report.",
+    "docs": "Print a reference document: causes, json-output, log-formats, rules or rule-schema.",
+    "fr": "Name the ranks that hung a job, from its PyTorch flight-recorder dumps.",
+    "parse": (
+        "Print the structured events of each LOG (a path, - for stdin; .gz/.bz2/.xz/.zst too)."
+    ),
+    "rules": 'Write, check and test diagnosis rules (see CONTRIBUTING.md, "Writing a rule").',
+    "run": "Run CMD, pass its stdout and stderr through, and diagnose it when it ends.",
+    "triage": (
+        "Name the most likely cause of the NCCL failure in each LOG, with evidence and advice."
+    ),
+    "watch": "Pass standard input through unchanged and diagnose it as it goes.",
+}
 DEBUG_ENV = "NCCL_TRIAGE_DEBUG"
 
 
@@ -49,6 +65,26 @@ class _LazyGroup(click.Group):
         module_name, attr = target.split(":")
         loaded = getattr(importlib.import_module(module_name), attr)
         return loaded if isinstance(loaded, click.Command) else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their summaries, as click writes them, without importing them."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = []
+        for name in names:
+            summary = _SUMMARIES.get(name)
+            if summary is None:
+                cmd = self.get_command(ctx, name)
+                if cmd is None or cmd.hidden:
+                    continue
+                rows.append((name, cmd.get_short_help_str(limit)))
+            else:
+                # shortened as click shortens a command's own help
+                rows.append((name, click.Command(name, help=summary).get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
