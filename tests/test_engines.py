@@ -7,8 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +16,13 @@ from hypothesis import strategies as st
 
 from nccl_triage.errors import TriageError
 from nccl_triage.ingest import engines, hsdb
-from nccl_triage.ingest import scan as prefilter
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.engines import HyperscanEngine, Re2Engine, scan_engine
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor, scan
 from nccl_triage.pipeline import scan_patterns, triage_path
 from nccl_triage.render.report import report_json
 from nccl_triage.ruleset import load_ruleset
+from test_scan import params  # the scan's constants, shrunk for small inputs
 
 RULES = load_ruleset()
 RULESET_ANCHORS = scan_patterns(RULES)
@@ -138,18 +136,6 @@ def run(
 ) -> tuple[list[Candidate], dict[str, int]]:
     stats: dict[str, int] = {}
     return list(scan(chunks, anchors, stats, engine=engine)), stats
-
-
-@contextmanager
-def params(**values: int) -> Iterator[None]:
-    saved = {name: getattr(prefilter, name) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(prefilter, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(prefilter, name, value)
 
 
 def same(data: bytes, chunks: list[bytes], anchors: tuple[str, ...]) -> None:
