@@ -33,15 +33,6 @@ HEAD = re.compile(
     r"|\*\*\* (?P<glog>SIG(?:SEGV|BUS|ILL|FPE)) (?:\(@0x[0-9a-fA-F]+\) )?received"
     r"|(?P<handler>SIG(?:SEGV|BUS|ILL|FPE)) handler"
 )
-ANCHORS = (
-    "Caught signal",
-    "Process received signal",
-    "Fatal Python error",
-    "SIGSEGV",
-    "SIGBUS",
-    "SIGILL",
-    "SIGFPE",
-)
 _FATAL = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"}
 _BY_NAME = {
     "segmentation fault": "SIGSEGV",
