@@ -235,8 +235,8 @@ _TOP_FIELDS = (
         "schema",
         (
             "`nccl-triage/1.1`: the version of this contract. Fields are only ever added, and "
-            "the minor number grows when they are (1.1: `flight_recorder`, `summary.fr_*` and "
-            "the `fr_*` facts)."
+            "the minor number grows when they are (1.1: `flight_recorder`, `summary.fr_*`, the "
+            "`fr_*` facts, `rank_activity` and `device_error_processes`)."
         ),
     ),
     ("source", "the input: its path, `<stdin>`, or the job's name in `batch`."),

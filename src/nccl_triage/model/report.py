@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     # Plain frozen data built by flightrec/, which sits above this package.
     from nccl_triage.flightrec.job import FlightRecorder
 
-SCHEMA = "nccl-triage/1.1"  # 1.1: flight_recorder and the fr_* facts
+SCHEMA = "nccl-triage/1.1"  # 1.1: flight_recorder, the fr_* facts, rank_activity and more
 
 # NumelIn/NumelOut count elements, not bytes, and the dtype is not in the line. Mixed-precision
 # training moves bf16/fp16 (2 bytes) in its big collectives; that is what the estimate assumes.
