@@ -56,13 +56,14 @@ def stamp(text: str) -> str:
 
 def _load_tables(path: Any, want: str) -> Lark | None:
     try:
-        blob = json.loads(path.read_text("utf-8"))
+        # pair lists become dictionaries as the JSON is decoded (no second walk over it)
+        blob = json.loads(path.read_text("utf-8"), object_hook=_from_pairs)
     except (OSError, ValueError):
         return None
     if not isinstance(blob, dict) or blob.get("stamp") != want:
         return None
     try:
-        data, memo = _decode(blob["data"]), _decode(blob["memo"])
+        data, memo = blob["data"], blob["memo"]
         loaded: Lark = Lark._load_from_dict(data, memo)  # type: ignore[no-untyped-call]
         return loaded
     except Exception:  # noqa: BLE001 - tables of another shape: build the parser instead
@@ -90,14 +91,12 @@ def _encode(value: Any) -> Any:
     raise TypeError(f"not plain data: {type(value).__name__}")
 
 
-def _decode(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "__pairs__" in value:
-            return {_key(_decode(k)): _decode(v) for k, v in value["__pairs__"]}
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
+def _from_pairs(obj: dict[str, Any]) -> Any:
+    """A JSON object as :func:`_encode` wrote it: a dictionary, its pair lists undone."""
+    pairs = obj.get("__pairs__")
+    if pairs is None or len(obj) != 1:
+        return obj
+    return {_key(k): v for k, v in pairs}
 
 
 def _key(value: Any) -> Any:
