@@ -11,6 +11,7 @@ groups of their patterns.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import cache
 from typing import TypedDict, get_type_hints
 
 from nccl_triage.model.events import FAILURE_KINDS, Kind
@@ -348,6 +349,7 @@ SIGNAL_FIELDS: Mapping[str, str] = {
 ANY_FAILURE = "failure"  # ``match: {event: failure}``: any of FAILURE_KINDS
 
 
+@cache  # a TypedDict's hints are read once per process (rules ask for them per condition)
 def _typed(cls: type) -> dict[str, str]:
     return {name: getattr(t, "__name__", str(t)) for name, t in get_type_hints(cls).items()}
 
