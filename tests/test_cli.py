@@ -254,3 +254,14 @@ def test_the_top_level_help_imports_no_command() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_triage_without_dumps_imports_no_flight_recorder_code() -> None:
+    log = Path(__file__).resolve().parents[1] / "fixtures/logs/lora-oom-hidden-by-timeout.log"
+    code = (
+        "import sys; from click.testing import CliRunner; from nccl_triage.cli import main; "
+        f"CliRunner().invoke(main, ['triage', {str(log)!r}]); "
+        "print(sorted(m for m in sys.modules if m.startswith('nccl_triage.flightrec')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -78,12 +78,15 @@ def triage(
     With --fr, the job's flight-recorder dumps are read once and joined to each LOG: the ranks
     they blame, on the CPU or the GPU side, and the code those ranks were last in.
     """
-    from nccl_triage.flightrec.job import read_flight_recorder
     from nccl_triage.pipeline import settle_collector, triage_path
     from nccl_triage.render.report import render_json_line, render_markdown, render_text
 
     ruleset = load_rules(rule_dirs, only, disable)
-    dumps = read_flight_recorder(fr_sources) if fr_sources else None
+    dumps = None
+    if fr_sources:  # the dumps' reader and analysis are imported only when there are dumps
+        from nccl_triage.flightrec.job import read_flight_recorder
+
+        dumps = read_flight_recorder(fr_sources)
     for problem in dumps.problems if dumps is not None else ():
         error(problem)
     settle_collector()
