@@ -29,6 +29,7 @@ RATCHETS: dict[str, tuple[int, int, int, int, int]] = {
     "shared": (116, 0, 0, 71, 0),
     "blind-errors": (24, 0, 0, 15, 0),
     "blind-forums": (17, 0, 0, 9, 1),
+    "blind-recent": (11, 0, 0, 5, 0),
     "blind-timeouts": (18, 0, 0, 6, 0),
     "cleandesync": (33, 0, 0, 26, 0),
     "context": (10, 0, 0, 3, 0),
