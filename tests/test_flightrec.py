@@ -593,3 +593,17 @@ def test_send_recv_posted_on_both_sides_is_explained_by_the_side_waiting_elsewhe
     assert analysis.culprit_ranks == [2]
     pair = next(g for g in analysis.groups if g.p2p)
     assert not pair.root and 1 in pair.waiting_in
+
+
+def test_a_dump_claiming_an_absurd_rank_costs_no_memory(tmp_path: Path) -> None:
+    """A dump named for rank 10**12 is one more rank, not a job of 10**12 ranks to fill in."""
+    import resource
+
+    gloo = {"version": "2.10", "pg_config": {}, "pg_status": {}, "nccl_version": "2.21.5"}
+    write(tmp_path, "nccl_trace_rank_0", {**gloo, "entries": [record(0, 1, pg=("", ""))]})
+    write(tmp_path, "nccl_trace_rank_1000000000000", {**gloo, "entries": []})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    loaded = load_dumps([str(tmp_path)])
+    analyse(loaded.dumps)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 200_000

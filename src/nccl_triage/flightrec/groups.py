@@ -52,6 +52,10 @@ class Group:
         return f"{self.name} ({self.desc})" if self.desc else self.name
 
 
+# the most ranks a job is taken to have: the ranks below the highest dump are its members
+MAX_WORLD = 1 << 20
+
+
 def build_groups(
     by_rank: Mapping[int, FrDump], unreadable: set[int]
 ) -> tuple[list[Group], list[str]]:
@@ -79,7 +83,8 @@ def build_groups(
             records.setdefault((name, cfg.ranks), defaultdict(list))
             descs.setdefault(name, cfg.desc)
     world = set(by_rank) | unreadable
-    world |= set(range(max(world) + 1)) if world else set()
+    if world and max(world) < MAX_WORLD:  # a rank number past any job's size is not filled in
+        world |= set(range(max(world) + 1))
     inferred_groups: list[str] = []
     groups: list[Group] = []
     for (name, ranks), per_rank in sorted(records.items(), key=lambda kv: _name_key(kv[0][0])):
