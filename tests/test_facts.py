@@ -91,3 +91,13 @@ def test_nccl_releases_as_pytorch_1_10_printed_them() -> None:
     assert nccl_release("21.1.4") == "2.11.4"
     assert nccl_release("2.10.3+cuda11.3") == "2.10.3"
     assert nccl_release("2.18.1") == "2.18.1" and nccl_release("1.3.4") == "1.3.4"
+
+
+def test_a_damaged_rank_count_names_no_job() -> None:
+    # an NCCL INIT line whose count a paste or a log shipper garbled: no job of 10**12 ranks
+    f = facts(
+        "node:1:1 [0] NCCL INFO comm 0x55d1c0a2b0 rank 0 nranks 999999999999 cudaDev 0 "
+        "busId 18000 - Init COMPLETE",
+        _wd(1, 812, "ALLREDUCE"),
+    )
+    assert f.world_size is None and f.ranks_timed_out == [1]

@@ -110,8 +110,9 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     facts.op_types = ops
     facts.nccl_versions = sorted(versions)
     facts.failed_ranks = sorted(failed)
-    if nranks:
-        facts.world_size = max(nranks)
+    plausible = [n for n in nranks if 0 < n <= MAX_WORLD]  # a damaged count names no job
+    if plausible:
+        facts.world_size = max(plausible)
     if timed_out:
         # Without NCCL's nranks the log may be an excerpt: only ranks it shows are named.
         universe = set(range(facts.world_size)) if facts.world_size else seen
@@ -193,6 +194,9 @@ def _who(rank: int | None, text: str) -> object:
         return rank
     m = _ORIGIN.search(text)
     return (m[1], m[2]) if m else None
+
+
+MAX_WORLD = 1 << 20  # the most ranks a job is taken to have (its ranks are listed one by one)
 
 
 def nccl_release(version: str) -> str:
