@@ -51,9 +51,7 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     worker_failures: list[Event] = []
     crashes: list[Event] = []
     device_errors: set[object] = set()
-    last_output: dict[int | None, Event] = {}
-    progress: dict[int | None, Event] = {}
-    outputs: list[Event] = []
+    outputs: list[Event] = []  # each rank's own lines and progress bars near the failures
     first_failure: dict[str, int] = {}  # per input: the line of its first failure
     for ev in events:
         if ev.kind in (LAST_OUTPUT, PROGRESS):
@@ -95,15 +93,6 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
         unnamed = groups.pop("default")
         for evs in groups.values():
             evs.extend(unnamed)
-    for ev in outputs:  # what each rank printed before it failed (a bar: its last reading)
-        if ev.kind == PROGRESS and ev.line >= first_failure.get(ev.source, ev.line + 1):
-            continue
-        who = ev.rank if ev.rank is not None else ev.local_rank
-        if ev.kind == LAST_OUTPUT:
-            if who not in last_output or last_output[who].line <= ev.line:
-                last_output[who] = ev
-        elif who not in progress or _bar_line(progress[who]) <= _bar_line(ev):
-            progress[who] = ev
     facts.ranks_seen = sorted(seen)
     facts.device_error_processes = len(device_errors - {None})
     facts.ranks_timed_out = sorted(timed_out)
@@ -124,7 +113,7 @@ def compute_facts(events: Iterable[Event]) -> JobFacts:
     _first_failure(facts, child_root, worker_failures)
     _first_crash(facts, crashes)
     facts.culprit_ranks = _culprits(facts)
-    facts.rank_activity = _activity(facts, last_output, progress)
+    facts.rank_activity = _activity(facts, outputs, first_failure)
     return facts
 
 
@@ -139,9 +128,20 @@ _TEXT = 240  # characters of a line kept in rank_activity
 
 
 def _activity(
-    facts: JobFacts, last: dict[int | None, Event], bars: dict[int | None, Event]
+    facts: JobFacts, outputs: Iterable[Event], first_failure: dict[str, int]
 ) -> list[dict[str, Any]]:
-    """What each rank printed last: its last own line and its last progress bar."""
+    """What each rank printed last: its last own line and its last bar before it failed."""
+    last: dict[int | None, Event] = {}
+    bars: dict[int | None, Event] = {}
+    for ev in outputs:
+        if ev.kind == PROGRESS and ev.line >= first_failure.get(ev.source, ev.line + 1):
+            continue  # own lines are cut at a rank's first failure already (diagnose/context)
+        who = ev.rank if ev.rank is not None else ev.local_rank
+        if ev.kind == LAST_OUTPUT:
+            if who not in last or last[who].line <= ev.line:
+                last[who] = ev
+        elif who not in bars or _bar_line(bars[who]) <= _bar_line(ev):
+            bars[who] = ev
     ranks = set(last) | set(bars)
     if any(r is not None for r in ranks):
         ranks.discard(None)  # lines without a rank say nothing of one when others do
@@ -155,9 +155,9 @@ def _activity(
     out: list[dict[str, Any]] = []
     for r in sorted(ranks, key=order)[:MAX_ACTIVITY]:
         row: dict[str, Any] = {"rank": r, "timed_out": r in timed_out}
-        ev = last.get(r)
-        row["line"] = ev.line if ev is not None else None
-        row["text"] = ev.text[:_TEXT] if ev is not None else None
+        own = last.get(r)
+        row["line"] = own.line if own is not None else None
+        row["text"] = own.text[:_TEXT] if own is not None else None
         bar = bars.get(r)
         row["progress"] = (
             None

@@ -134,9 +134,7 @@ class LibraryFields(Transformer[Token, Fields]):
 
     # --- libnccl's own lines
     def nccl_bare(self, items: list[Any]) -> Fields:
-        message = "".join(str(i) for i in items[:1]) + (
-            " " + items[-1] if len(items) > 1 and isinstance(items[-1], str) else ""
-        )
+        message = f"{items[0]} {_text(items)}".rstrip()  # the error's head and what follows
         out: Fields = {"kind": Kind.NCCL_WARN, "form": "bare", "level": "WARN", "message": message}
         out.update(read_message("WARN", message))
         return out
