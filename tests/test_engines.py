@@ -258,6 +258,11 @@ def test_parts_holding_an_anchor_are_found_alike(data: st.DataObject) -> None:
     want = [i for i, part in enumerate(parts) if alone.search(part) is not None]
     assert scan_engine(anchors, "re2").parts_with_anchors(raw, bounds) == want
     assert scan_engine(anchors, "hyperscan").parts_with_anchors(raw, bounds) == want
+    # without splitting the line, where no part is empty (and without the RE2 leftovers)
+    redrawn = scan_engine(anchors, "hyperscan").redrawn_parts(raw, len(raw))
+    if all(parts) and not any(b"\r" in p for p in parts) and redrawn is not None:
+        assert redrawn == [bounds[i] for i in want]
+    assert scan_engine(anchors, "re2").redrawn_parts(raw, len(raw)) is None
 
 
 # ----------------------------------------------------------------------------- choosing

@@ -197,6 +197,50 @@ def test_real_anchors_default_constants(data: st.DataObject) -> None:
     check(text, chunked(text, cuts), ANCHORS)
 
 
+def naive_with_neighbours(
+    data: bytes, anchors: tuple[str, ...], neighbours: tuple[str, ...]
+) -> list[Candidate]:
+    """The reference, where a candidate holding no ``neighbours`` anchor (nor ESC) goes bare."""
+    want, _lines = naive(data, anchors)
+    lines = data.split(b"\n")
+    out = []
+    for c in want:
+        line = lines[c.lineno - 1]
+        full = b"\x1b" in line or any(n.encode() in line for n in neighbours)
+        out.append(c if full else Candidate(c.lineno, c.raw, (), (), grammar=False))
+    return out
+
+
+@pytest.mark.parametrize("engine", ["re2", "auto"])
+@pytest.mark.parametrize("name", ["tiny", "full-context", "small-windows"])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_signal_only_candidates_come_without_neighbours(
+    engine: str, name: str, data: st.DataObject
+) -> None:
+    """A line holding only a signal's anchor comes at once and bare, in order with the others."""
+    text = data.draw(logs([*PIECES, b"\x1b"], b"xyz", 40))
+    cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=12))
+    neighbours = ("WARN", "Root Cause")
+    with params(**SMALL[name]):
+        scanner = Scanner(SMALL_ANCHORS, engine=engine, neighbours=neighbours)
+        got: list[Candidate] = []
+        for chunk in chunked(text, cuts):
+            got.extend(scanner.feed(chunk))
+        got.extend(scanner.close())
+        want = naive_with_neighbours(text, SMALL_ANCHORS, neighbours)
+        # lines cut to MAX_LINE or longer than LONG_LINE always keep their neighbours
+        long_lines = {
+            i + 1 for i, line in enumerate(text.split(b"\n")) if len(line) > prefilter.MAX_LINE
+        }
+    assert [c.lineno for c in got] == [c.lineno for c in want]
+    for g, w in zip(got, want, strict=True):
+        if g.lineno in long_lines:
+            assert g.grammar
+            continue
+        assert g == w
+
+
 def test_anchor_split_at_every_offset() -> None:
     lines = [
         b"step 1 loss 0.3",

@@ -26,7 +26,13 @@ from nccl_triage.diagnose.context import ContextClassifier
 from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
 from nccl_triage.diagnose.verdict import build_report
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
-from nccl_triage.ingest.reader import display_name, iter_chunks, open_binary, segment_bounds
+from nccl_triage.ingest.reader import (
+    display_name,
+    is_plain,
+    iter_chunks,
+    open_binary,
+    segment_bounds,
+)
 from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
 from nccl_triage.model import Event, Line, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
@@ -36,6 +42,11 @@ from nccl_triage.ruleset import Ruleset
 
 if TYPE_CHECKING:
     from nccl_triage.flightrec.job import FlightRecorder
+
+
+def grammar_patterns() -> tuple[str, ...]:
+    """The grammar's anchors, as the chunk scan takes them."""
+    return tuple(dict.fromkeys((*ANCHORS, *(regex_anchor(r) for r in REGEX_ANCHORS))))
 
 
 def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
@@ -127,6 +138,9 @@ class Triage:
         self.ruleset = ruleset if diagnose else Ruleset(rules=[], signals=[])
         self.max_candidates = max_candidates or None
         self._anchors = scan_patterns(self.ruleset)
+        # the grammar's own anchors: the other candidates hold only a signal's, and no
+        # grammar reads them (nor the lines around them)
+        self._grammar_anchors = grammar_patterns() if self.ruleset.signals else None
         self._inputs: dict[str, _Input] = {}
         self.flight_recorder: FlightRecorder | None = None
 
@@ -148,7 +162,7 @@ class Triage:
         if name not in self._inputs:
             self._inputs[name] = _Input(
                 name,
-                Scanner(self._anchors),
+                Scanner(self._anchors, neighbours=self._grammar_anchors),
                 LineParser(name),
                 SignalClassifier(self.ruleset.signals),
                 ContextClassifier(self.ruleset.signals, ANCHOR_RE),
@@ -207,7 +221,8 @@ class Triage:
                     if len(inp.same) >= SAME_LINES:
                         inp.same.clear()
                     inp.same[cand.raw] = read
-            inp.parser.feed(cand, read.lines, read.at, read.count)
+            if cand.grammar:
+                inp.parser.feed(cand, read.lines, read.at, read.count)
             if self.ruleset.signals:
                 if len(read.lines) == read.count:  # all of it: the context windows reuse it
                     inp.peeled[cand.lineno] = (read.lines, read.hits)
@@ -227,6 +242,9 @@ class Triage:
         segments' text is not the line's bytes (invalid UTF-8, terminal codes) and for lines
         cut to MAX_LINE, every segment is read.
         """
+        fast = self._redrawn(inp, cand)
+        if fast is not None:
+            return fast
         bounds = segment_bounds(cand.raw) if len(cand.raw) < MAX_LINE else None
         if bounds is None or len(bounds) == 1:
             lines = peel_segments(inp.source, cand)
@@ -241,6 +259,31 @@ class Triage:
             count = len(bounds)
         hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
         return _Read(count, at, lines, hits)
+
+    def _redrawn(self, inp: _Input, cand: Candidate) -> _Read | None:
+        """:meth:`_read` of a plain line redrawn with carriage returns, its parts never empty.
+
+        One search of the line finds the parts holding an anchor; the others are never
+        split out. None for any other line.
+        """
+        raw = cand.raw
+        end = len(raw.rstrip(b"\r")) if raw.endswith(b"\r") else len(raw)
+        if (
+            end >= MAX_LINE
+            or raw.find(b"\r", 1, end) < 0  # one part (or a leading carriage return)
+            or raw.startswith(b"\r")
+            or raw.find(b"\r\r", 0, end) >= 0  # an empty part: the parts are not numbered by CRs
+            or not is_plain(raw)
+        ):
+            return None
+        spans = inp.scanner.engine.redrawn_parts(raw, end)
+        if spans is None:
+            return None
+        source, lineno = inp.source, cand.lineno
+        lines = [peel(Line(source, lineno, raw[s:e].decode("utf-8"))) for s, e in spans]
+        hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
+        at = [raw.count(b"\r", 0, s) for s, _e in spans]
+        return _Read(raw.count(b"\r", 0, end) + 1, at, lines, hits)
 
     @staticmethod
     def _within_budget(

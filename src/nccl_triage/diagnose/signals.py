@@ -128,10 +128,15 @@ class SignalClassifier:
         Classifiers of the same signals agree on these numbers: a line read twice (as a
         candidate and in a context window) is matched once.
         """
-        return sorted(
-            [self._on_text[j] for j in self._text_set.matching(line.text)]
-            + [self._on_message[j] for j in self._message_set.matching(line.message)]
+        text = line.text.encode("utf-8")
+        message = line.message
+        on_text = [self._on_text[j] for j in self._text_set.matching(text)]
+        if not self._on_message:
+            return on_text
+        found = self._message_set.matching(
+            text if message == line.text else message.encode("utf-8")
         )
+        return sorted(on_text + [self._on_message[j] for j in found])
 
     def feed(self, line: Line, hits: list[int] | None = None) -> list[Event]:
         """Classify one line; return the signal events it started (not those it extended)."""

@@ -83,6 +83,14 @@ class Engine:
         search = self.pattern.search
         return [i for i, (s, e) in enumerate(bounds) if search(raw[s:e]) is not None]
 
+    def redrawn_parts(self, raw: bytes, end: int) -> list[tuple[int, int]] | None:
+        r"""The parts of ``raw[:end]`` between carriage returns that hold an anchor, read alone.
+
+        As ``(start, stop)`` offsets, in order; None when this engine cannot tell without
+        splitting the line (the caller then uses :meth:`parts_with_anchors`).
+        """
+        return None
+
 
 class Re2Engine(Engine):
     """One RE2 alternation, searched from each candidate line to the next."""
@@ -204,6 +212,39 @@ class HyperscanEngine(Engine):
             left = self._left.search
             hit.update(i for i, (s, e) in enumerate(bounds) if i not in hit and left(raw[s:e]))
         return sorted(hit)
+
+    def redrawn_parts(  # noqa: D102 - see Engine
+        self, raw: bytes, end: int
+    ) -> list[tuple[int, int]] | None:
+        if self._left is not None:
+            return None
+        parts: dict[int, int] = {}  # start -> stop of the parts found
+        maybe: list[tuple[int, int]] = []
+        first_regex, lengths = self._first_regex, self._lengths
+        rfind, find = raw.rfind, raw.find
+
+        def on_match(expr: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            if to > end:
+                return
+            if expr >= first_regex:
+                maybe.append((to, expr - first_regex))
+                return
+            start = rfind(b"\r", 0, to - 1) + 1
+            if start in parts or start > to - lengths[expr]:
+                return  # a part already found, or a literal across a carriage return
+            stop = find(b"\r", to, end)
+            parts[start] = end if stop < 0 else stop
+
+        self._scan(raw, match_event_handler=on_match, scratch=hsdb.scratch_for(self._db))
+        for to, regex in maybe:
+            start = rfind(b"\r", 0, to - 1) + 1
+            if start in parts:
+                continue
+            stop = find(b"\r", to, end)
+            stop = end if stop < 0 else stop
+            if self._confirm[regex].search(raw[start:stop]) is not None:
+                parts[start] = stop
+        return sorted(parts.items())
 
 
 def engine_choice() -> str:

@@ -253,6 +253,19 @@ def _may_hold_bare_sgr(raw: bytes) -> bool:
     return False
 
 
+def is_plain(raw: bytes) -> bool:
+    """Whether a line's text is its bytes: valid UTF-8 without terminal codes (most lines)."""
+    if b"\x1b" in raw:
+        return False
+    if raw.isascii():
+        return not (_may_hold_bare_sgr(raw) and _ANSI_BYTES.search(raw))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return not (_may_hold_bare_sgr(raw) and _ANSI.search(text))
+
+
 def segment_bounds(raw: bytes) -> list[tuple[int, int]] | None:
     """Where the segments of :func:`segments` lie in ``raw``, when they are its bytes unchanged.
 
@@ -260,31 +273,19 @@ def segment_bounds(raw: bytes) -> list[tuple[int, int]] | None:
     then ``raw[start:end].decode()``. None otherwise (decoding or removing codes changes the
     bytes).
     """
-    if b"\x1b" in raw:
+    if not is_plain(raw):
         return None
-    if raw.isascii():
-        if _may_hold_bare_sgr(raw) and _ANSI_BYTES.search(raw):
-            return None
-    else:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if _may_hold_bare_sgr(raw) and _ANSI.search(text):
-            return None
     end = len(raw.rstrip(b"\r")) if raw.endswith(b"\r") else len(raw)
     cr = raw.find(b"\r", 0, end)
     if cr < 0:
         return [(0, end)]
     bounds: list[tuple[int, int]] = []
     start = 0
-    while cr >= 0:
-        if cr > start:
-            bounds.append((start, cr))
-        start = cr + 1
-        cr = raw.find(b"\r", start, end)
-    if end > start:
-        bounds.append((start, end))
+    for part in (raw[:end] if end < len(raw) else raw).split(b"\r"):
+        n = len(part)
+        if n:
+            bounds.append((start, start + n))
+        start += n + 1
     return bounds or [(0, 0)]
 
 

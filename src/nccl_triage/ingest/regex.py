@@ -66,11 +66,16 @@ class RegexSet:
             found.Compile()
             self._sets.append((found, members))
 
-    def matching(self, text: str) -> list[int]:
-        """The indices of the patterns that match somewhere in ``text``, in order."""
+    def matching(self, text: str | bytes) -> list[int]:
+        """The indices of the patterns that match somewhere in ``text`` (or its UTF-8), in order."""
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        sets = self._sets
+        if len(sets) == 1:  # the usual case: no pattern ignores case (or all do)
+            found, members = sets[0]
+            return sorted(members[j] for j in found.Match(data) or ())
         hits: list[int] = []
-        for found, members in self._sets:
-            hits.extend(members[j] for j in found.Match(text) or ())
+        for found, members in sets:
+            hits.extend(members[j] for j in found.Match(data) or ())
         return sorted(hits)
 
 

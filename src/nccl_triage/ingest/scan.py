@@ -47,6 +47,9 @@ class Candidate:
     raw: bytes
     before: tuple[bytes, ...]  # closest last
     after: tuple[bytes, ...]  # closest first
+    # whether the grammar may read it: False for a line holding none of the scanner's
+    # ``neighbours`` anchors (only a context signal's), which goes without neighbours
+    grammar: bool = True
 
 
 def regex_anchor(regex: str) -> str:
@@ -253,9 +256,11 @@ class _Pending:
     before: tuple[bytes, ...]
     after: list[bytes]
     since: float
+    wants: int  # lines after it that it waits for (LOOKAHEAD; 0 for a signal's line)
+    grammar: bool = True  # as Candidate.grammar
 
     def done(self) -> Candidate:
-        return Candidate(self.lineno, self.raw, self.before, tuple(self.after))
+        return Candidate(self.lineno, self.raw, self.before, tuple(self.after), self.grammar)
 
 
 class Scanner:
@@ -272,10 +277,21 @@ class Scanner:
         anchors: Sequence[str] = ANCHORS,
         history: int = HISTORY_BYTES,
         engine: str | None = None,
+        neighbours: Sequence[str] | None = None,
     ) -> None:
-        """Start a scan for ``anchors``; ``engine`` as ``NCCL_TRIAGE_SCAN`` (None: the variable)."""
+        """Start a scan for ``anchors``; ``engine`` as ``NCCL_TRIAGE_SCAN`` (None: the variable).
+
+        ``neighbours``: the anchors whose lines the grammar reads (None: all of them). A
+        candidate holding none of them (only a context signal's anchor) comes at once, without
+        the lines around it: nothing reads them, and gathering them is most of a candidate's
+        cost in the scan. A line holding a terminal code counts as holding one (removing the
+        code may join an anchor's words).
+        """
         self._anchors = tuple(anchors)
         self.engine: Engine = scan_engine(self._anchors, engine)
+        self._grammar: Engine | None = (
+            None if neighbours is None else scan_engine(tuple(neighbours), engine)
+        )
         self._partial = b""  # the unfinished last line, while it is short
         self._long: _LongLine | None = None  # the unfinished last line once it is long
         self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
@@ -377,7 +393,7 @@ class Scanner:
             # the line as a neighbour and as context is its start
             self._scan(head + b"\n", 0, len(head) + 1, now, scan=False)
             if window is not None:
-                self._pending.append(_Pending(lineno, window, before, [], now))
+                self._pending.append(_Pending(lineno, window, before, [], now, LOOKAHEAD))
         else:
             line = self._partial + data[:nl] + b"\n"
             self._partial = b""
@@ -386,11 +402,11 @@ class Scanner:
     def _scan(self, buf: bytes, start: int, end: int, now: float, scan: bool = True) -> None:
         """Scan the complete lines of ``buf[start:end]`` (which ends with a newline)."""
         if self._pending and LOOKAHEAD:
-            need = LOOKAHEAD - min(len(p.after) for p in self._pending)
+            need = max(p.wants - len(p.after) for p in self._pending)
             if need > 0:
                 head = _lines_from(buf, start, need, end)
                 for p in self._pending:
-                    p.after.extend(head[: LOOKAHEAD - len(p.after)])
+                    p.after.extend(head[: p.wants - len(p.after)])
         first = self._lineno
         lineno, counted, pos = first, start, start
         ahead = _Ahead(buf, end)
@@ -404,15 +420,23 @@ class Scanner:
                 at = self.engine.leftmost(buf, line_start, line_end)  # the window is around it
             lineno += count_newlines(buf, counted, line_start)
             counted = line_start
+            raw = _clip(buf, line_start, line_end, at)
+            if not self._wants_neighbours(buf, line_start, line_end):
+                if self._pending:  # after the held ones, in order
+                    self._pending.append(_Pending(lineno, raw, (), [], now, 0, False))
+                else:
+                    self._done.append(Candidate(lineno, raw, (), (), False))
+                pos = line_end + 1
+                continue
             before = _lines_before(buf, line_start, LOOKBEHIND, start)
             missing = LOOKBEHIND - len(before)
             if missing > 0 and self._prev:
                 before = list(self._prev)[-missing:] + before
-            raw, after = _clip(buf, line_start, line_end, at), ahead.lines(line_end + 1)
+            after = ahead.lines(line_end + 1)
             if len(after) >= LOOKAHEAD and not self._pending:
                 self._done.append(Candidate(lineno, raw, tuple(before), tuple(after)))
             else:  # its lines after are in the next chunk
-                self._pending.append(_Pending(lineno, raw, tuple(before), after, now))
+                self._pending.append(_Pending(lineno, raw, tuple(before), after, now, LOOKAHEAD))
             pos = line_end + 1
         total = (lineno - first) + count_newlines(buf, counted, end)
         if LOOKBEHIND:
@@ -420,9 +444,18 @@ class Scanner:
         self.history.add(first, total, buf, start, end)
         self._lineno = first + total
 
+    def _wants_neighbours(self, buf: bytes, line_start: int, line_end: int) -> bool:
+        """Whether the grammar may read the line ``buf[line_start:line_end]``."""
+        grammar = self._grammar
+        if grammar is None or line_end - line_start > MAX_LINE:
+            return True
+        if buf.find(b"\x1b", line_start, line_end) >= 0:
+            return True
+        return bool(grammar.hits(buf, line_start, line_end + 1))
+
     def _ready(self) -> list[Candidate]:
         out, self._done = self._done, []
-        while self._pending and len(self._pending[0].after) >= LOOKAHEAD:
+        while self._pending and len(self._pending[0].after) >= self._pending[0].wants:
             out.append(self._pending.popleft().done())
         return out
 

@@ -102,95 +102,96 @@ def peel(line: Line) -> Line:
                     prefixes.append(Prefix(PrefixKind.JSON, rest))
                     text, pos = inner, 0
                     continue
-        m = _SPACE.match(rest) or _QUOTE.match(rest)
-        if m:
-            pos += m.end()
-            continue
-        m = _ISO.match(rest)
-        if m:
-            _set_time(
-                line,
-                m.group(0).strip().strip("[]"),
-                "iso",
-                int(m[2]),
-                int(m[3]),
-                m[4],
-                m[5],
-                m[6],
-                m[7],
-            )
-            prefixes.append(Prefix(PrefixKind.TIMESTAMP, m.group(0)))
-            pos += m.end()
-            continue
-        m = _HF_TRANSFORMERS.match(rest)
-        if m:
-            line.severity = line.severity or m[1][0]
-            _set_time(
-                line,
-                m.group(0)[m.group(0).index("]") + 2 : -4],
-                "iso",
-                int(m[3]),
-                int(m[4]),
-                m[5],
-                m[6],
-                m[7],
-                m[8],
-            )
-            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
-            pos += m.end()
-            final = True
-            continue
-        m = _MONTHDAY_TS.match(rest)
-        if m:
-            line.severity = line.severity or m[1][0]
-            _set_time(line, m[2], "iso", int(m[3]), int(m[4]), m[5], m[6], m[7], m[8])
-            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
-            pos += m.end()
-            final = True
-            continue
-        matched = False
-        for kind, rx, handler in _SIMPLE:
-            m = rx.match(rest)
+        if _ANY_LAYER.match(rest) is not None:  # one of the layers below starts here
+            m = _SPACE.match(rest) or _QUOTE.match(rest)
             if m:
-                prefixes.append(Prefix(kind, m.group(0)))
                 pos += m.end()
-                result = handler(line, m)
-                if kind == "tee" and result is not None:
-                    tee_rank = result
-                elif kind == "jobsys" and result is not None:
-                    hint_rank = result
-                final = kind in _TERMINAL
-                matched = True
-                break
-        if matched:
-            continue
-        m = _C10.match(rest)
-        if m:
-            line.severity = m[1]
-            if m[2]:
+                continue
+            m = _ISO.match(rest)
+            if m:
+                _set_time(
+                    line,
+                    m.group(0).strip().strip("[]"),
+                    "iso",
+                    int(m[2]),
+                    int(m[3]),
+                    m[4],
+                    m[5],
+                    m[6],
+                    m[7],
+                )
+                prefixes.append(Prefix(PrefixKind.TIMESTAMP, m.group(0)))
+                pos += m.end()
+                continue
+            m = _HF_TRANSFORMERS.match(rest)
+            if m:
+                line.severity = line.severity or m[1][0]
+                _set_time(
+                    line,
+                    m.group(0)[m.group(0).index("]") + 2 : -4],
+                    "iso",
+                    int(m[3]),
+                    int(m[4]),
+                    m[5],
+                    m[6],
+                    m[7],
+                    m[8],
+                )
+                prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
+                pos += m.end()
+                final = True
+                continue
+            m = _MONTHDAY_TS.match(rest)
+            if m:
+                line.severity = line.severity or m[1][0]
+                _set_time(line, m[2], "iso", int(m[3]), int(m[4]), m[5], m[6], m[7], m[8])
+                prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
+                pos += m.end()
+                final = True
+                continue
+            matched = False
+            for kind, rx, handler in _SIMPLE:
+                m = rx.match(rest)
+                if m:
+                    prefixes.append(Prefix(kind, m.group(0)))
+                    pos += m.end()
+                    result = handler(line, m)
+                    if kind == "tee" and result is not None:
+                        tee_rank = result
+                    elif kind == "jobsys" and result is not None:
+                        hint_rank = result
+                    final = kind in _TERMINAL
+                    matched = True
+                    break
+            if matched:
+                continue
+            m = _C10.match(rest)
+            if m:
+                line.severity = m[1]
+                if m[2]:
+                    md = int(m[2])
+                    stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
+                    _set_time(line, stamp, "c10", md // 100, md % 100, m[3], m[4], m[5], m[6])
+                prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
+                pos += m.end()
+                final = True
+                continue
+            m = _GLOG.match(rest)
+            if m:
+                line.severity = m[1]
                 md = int(m[2])
                 stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
-                _set_time(line, stamp, "c10", md // 100, md % 100, m[3], m[4], m[5], m[6])
-            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
-            pos += m.end()
-            final = True
-            continue
-        m = _GLOG.match(rest)
-        if m:
-            line.severity = m[1]
-            md = int(m[2])
-            stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
-            _set_time(line, stamp, "glog", md // 100, md % 100, m[3], m[4], m[5], m[6])
-            if line.pid is None and m[8].endswith(".py") and int(m[7]) <= _PID_MAX:
-                # torchrun 2.6+ writes its process id here; 2.3-2.5 a thread id (a pthread
-                # address, far above any pid), and glog-built C++ a thread id (reference §1c).
-                line.pid = int(m[7])
-            prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
-            pos += m.end()
-            final = True
-            continue
+                _set_time(line, stamp, "glog", md // 100, md % 100, m[3], m[4], m[5], m[6])
+                if line.pid is None and m[8].endswith(".py") and int(m[7]) <= _PID_MAX:
+                    # torchrun 2.6+ writes its process id here; 2.3-2.5 a thread id (a pthread
+                    # address, far above any pid), and glog-built C++ a thread id (reference §1c).
+                    line.pid = int(m[7])
+                prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
+                pos += m.end()
+                final = True
+                continue
         # Nothing known here: a glued progress bar or a custom prefix may hide a header.
-        e = _EMBEDDED.search(rest)
+        e = _EMBEDDED.search(rest) if "]" in rest else None  # every header holds a "]"
         if e and e.start() > 0:
             lead = rest[: e.start()]
             prefixes.append(Prefix(PrefixKind.LEAD, lead))
@@ -306,6 +307,10 @@ _SIMPLE: tuple[
     (PrefixKind.LOGGER, _LEVEL_WORD, _on_level),
 )
 _TERMINAL = frozenset({PrefixKind.EXCEPTHOOK, PrefixKind.LOGGER})
+# Every layer that peel tries in turn at a position, as one pattern: where none starts (a
+# message, a loss dict), one match says so instead of a dozen.
+_LAYERS = (_SPACE, _QUOTE, _ISO, _HF_TRANSFORMERS, _MONTHDAY_TS, *(rx for _k, rx, _h in _SIMPLE))
+_ANY_LAYER = re.compile("|".join(f"(?:{rx.pattern})" for rx in (*_LAYERS, _C10, _GLOG)))
 
 
 def _set_time(
