@@ -18,6 +18,7 @@ from nccl_triage.errors import TriageError
 from nccl_triage.ingest import engines, hsdb
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.engines import HyperscanEngine, Re2Engine, scan_engine
+from nccl_triage.ingest.regex import compile_bytes_alternation
 from nccl_triage.ingest.scan import Candidate, Scanner, regex_anchor, scan
 from nccl_triage.pipeline import scan_patterns, triage_path
 from nccl_triage.render.report import report_json
@@ -259,9 +260,15 @@ def test_parts_holding_an_anchor_are_found_alike(data: st.DataObject) -> None:
     assert scan_engine(anchors, "re2").parts_with_anchors(raw, bounds) == want
     assert scan_engine(anchors, "hyperscan").parts_with_anchors(raw, bounds) == want
     # without splitting the line, where no part is empty (and without the RE2 leftovers)
-    redrawn = scan_engine(anchors, "hyperscan").redrawn_parts(raw, len(raw))
+    hs = scan_engine(anchors, "hyperscan")
+    redrawn = hs.redrawn_parts(raw, len(raw))
     if all(parts) and not any(b"\r" in p for p in parts) and redrawn is not None:
-        assert redrawn == [bounds[i] for i in want]
+        assert [(s, e) for s, e, _found in redrawn] == [bounds[i] for i in want]
+        for s, e, found in redrawn:  # and the anchors each holds
+            part = raw[s:e]
+            held = {a for a in hs.literals if b"\n" not in a and a in part}
+            held |= {r for r in hs.regexes if compile_bytes_alternation((), (r,)).search(part)}
+            assert found == held
     assert scan_engine(anchors, "re2").redrawn_parts(raw, len(raw)) is None
 
 

@@ -80,3 +80,38 @@ def test_named_groups_are_text() -> None:
     assert event.kind == "checkpoint_save"
     assert event.detail["path"] == "/ckpt/checkpoint-42"
     assert all(isinstance(k, str) for k in event.detail)
+
+
+def _scan_anchors_in(text: bytes, anchors: tuple[str, ...]) -> set[bytes]:
+    from nccl_triage.ingest.engines import split_anchors
+    from nccl_triage.ingest.regex import compile_bytes_alternation
+
+    literals, regexes = split_anchors(anchors)
+    found = {a for a in literals if a in text}
+    return found | {r for r in regexes if compile_bytes_alternation((), (r,)).search(text)}
+
+
+def test_the_anchors_a_line_holds_stand_for_every_pattern_that_matches_it() -> None:
+    """Every example a signal must match holds an anchor of the pattern that matches it.
+
+    The scan finds lines by their anchors, and a redrawn line's parts are matched only
+    against the patterns whose anchors they hold (anchor_hits): a pattern matching without
+    one of its anchors would be missed.
+    """
+    from nccl_triage.pipeline import scan_patterns
+    from nccl_triage.ruleset import Ruleset
+
+    anchors = scan_patterns(Ruleset(rules=[], signals=list(SIGNALS)))
+    classifier = SignalClassifier(SIGNALS)
+    checked = 0
+    for sig in SIGNALS:
+        for ex in sig.examples:
+            if ex.expect != "match":
+                continue
+            ln = peel(Line("<log>", 1, ex.line))
+            held = _scan_anchors_in(ln.text.encode(), anchors)
+            assert set(classifier.hits(ln)) <= set(classifier.anchor_hits(held)), (sig.id, ex.line)
+            got = [e.kind for e in SignalClassifier(SIGNALS).feed(ln, classifier.anchor_hits(held))]
+            assert sig.id in got, (sig.id, ex.line)
+            checked += 1
+    assert checked > 30

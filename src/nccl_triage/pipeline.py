@@ -34,7 +34,7 @@ from nccl_triage.ingest.reader import (
     segment_bounds,
 )
 from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
-from nccl_triage.model import Event, Line, Report, Unparsed
+from nccl_triage.model import Event, Line, PrefixKind, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
@@ -49,12 +49,26 @@ def grammar_patterns() -> tuple[str, ...]:
     return tuple(dict.fromkeys((*ANCHORS, *(regex_anchor(r) for r in REGEX_ANCHORS))))
 
 
+_SCAN_PATTERNS: dict[tuple[int, ...], tuple[list[object], tuple[str, ...]]] = {}
+
+
 def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     """Return the anchors of the chunk scan.
 
     The grammar's literals, the signals' literals, and the signal patterns that have no
-    literal anchor (as regular expressions).
+    literal anchor (as regular expressions). Computed once per list of signals.
     """
+    key = tuple(map(id, ruleset.signals))
+    hit = _SCAN_PATTERNS.get(key)
+    if hit is None:
+        if len(_SCAN_PATTERNS) >= 64:
+            _SCAN_PATTERNS.clear()
+        # the signals are kept with their ids, so that no other object takes one of them
+        hit = _SCAN_PATTERNS[key] = (list(ruleset.signals), _scan_patterns(ruleset))
+    return hit[1]
+
+
+def _scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     literals, regexes = scan_anchors(ruleset.signals)
     regexes = (*REGEX_ANCHORS, *regexes)
     return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
@@ -242,6 +256,10 @@ class Triage:
         segments' text is not the line's bytes (invalid UTF-8, terminal codes) and for lines
         cut to MAX_LINE, every segment is read.
         """
+        if b"\r" not in cand.raw:  # one segment (most lines)
+            lines = peel_segments(inp.source, cand)
+            hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
+            return _Read(len(lines), list(range(len(lines))), lines, hits)
         fast = self._redrawn(inp, cand)
         if fast is not None:
             return fast
@@ -280,9 +298,15 @@ class Triage:
         if spans is None:
             return None
         source, lineno = inp.source, cand.lineno
-        lines = [peel(Line(source, lineno, raw[s:e].decode("utf-8"))) for s, e in spans]
-        hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
-        at = [raw.count(b"\r", 0, s) for s, _e in spans]
+        lines = [peel(Line(source, lineno, raw[s:e].decode("utf-8"))) for s, e, _a in spans]
+        hits = []
+        if self.ruleset.signals:
+            signals = inp.signals
+            for line, (_s, _e, anchors) in zip(lines, spans, strict=True):
+                json = line.prefixes and line.prefixes[0].kind == PrefixKind.JSON
+                # the message of a JSON line is not its text: its anchors may be escaped there
+                hits.append(signals.hits(line) if json else signals.anchor_hits(anchors))
+        at = [raw.count(b"\r", 0, s) for s, _e, _a in spans]
         return _Read(raw.count(b"\r", 0, end) + 1, at, lines, hits)
 
     @staticmethod

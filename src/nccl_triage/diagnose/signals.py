@@ -67,6 +67,51 @@ def _prefilters(patterns: tuple[_Compiled, ...]) -> tuple[RegexSet, RegexSet, li
     )
 
 
+# The compiled patterns and prefilters of the signal lists seen, by the identity of their
+# members (a dataclass hashes all its fields at every call: a third of opening an input).
+_SEEN: dict[tuple[int, ...], tuple[tuple[Signal, ...], Any]] = {}
+_SEEN_MAX = 64
+
+
+_Prefilters = tuple[RegexSet, RegexSet, list[int], list[int]]
+
+
+def _compiled(
+    signals: Iterable[Signal],
+) -> tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]]]:
+    sigs = tuple(signals)
+    key = tuple(map(id, sigs))
+    hit = _SEEN.get(key)
+    if hit is None:
+        patterns = _compile(sigs)
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        # the signals are kept with their ids, so that no other object takes one of them
+        hit = _SEEN[key] = (sigs, (patterns, _prefilters(patterns), _by_anchor(sigs)))
+    result: tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]]] = hit[1]
+    return result
+
+
+def _by_anchor(signals: tuple[Signal, ...]) -> dict[bytes, tuple[int, ...]]:
+    """The patterns (their indices) each anchor of the scan stands for, as the scan names it.
+
+    A literal for the patterns listing it; a regular expression (:func:`scan_anchors`) for
+    the pattern written without literals.
+    """
+    out: dict[bytes, list[int]] = {}
+    i = 0
+    for sig in signals:
+        for p in sig.patterns:
+            if p.anchors and not sig.ignore_case:
+                for a in p.anchors:
+                    out.setdefault(a.encode(), []).append(i)
+            else:
+                regex = f"(?i:{p.regex})" if sig.ignore_case else f"(?:{p.regex})"
+                out.setdefault(regex.encode(), []).append(i)
+            i += 1
+    return {a: tuple(dict.fromkeys(ids)) for a, ids in out.items()}
+
+
 def scan_anchors(signals: Iterable[Signal]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Return (literal anchors, regexes without anchors) for the whole-chunk candidate scan."""
     literals: list[str] = []
@@ -85,10 +130,8 @@ class SignalClassifier:
     """Turns lines into signal events, merging bursts of the same signal."""
 
     def __init__(self, signals: Iterable[Signal]) -> None:
-        self._patterns = _compile(tuple(signals))
-        self._text_set, self._message_set, self._on_text, self._on_message = _prefilters(
-            self._patterns
-        )
+        self._patterns, prefilters, self._by_anchor = _compiled(signals)
+        self._text_set, self._message_set, self._on_text, self._on_message = prefilters
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
         self._grown: dict[int, _Growth] = {}  # runs extended since their event was built
@@ -137,6 +180,21 @@ class SignalClassifier:
             text if message == line.text else message.encode("utf-8")
         )
         return sorted(on_text + [self._on_message[j] for j in found])
+
+    def anchor_hits(self, anchors: Iterable[bytes]) -> list[int]:
+        """The patterns that may match a text holding these anchors of the scan (no other can).
+
+        A superset of :meth:`hits` for the text (a pattern's every match holds one of its
+        anchors): :meth:`feed` searches each, so both give the same events. Not for a line
+        whose message is not part of its text (a JSON log line's payload).
+        """
+        by_anchor = self._by_anchor
+        found: set[int] = set()
+        for a in anchors:
+            ids = by_anchor.get(a)
+            if ids:
+                found.update(ids)
+        return sorted(found)
 
     def feed(self, line: Line, hits: list[int] | None = None) -> list[Event]:
         """Classify one line; return the signal events it started (not those it extended)."""

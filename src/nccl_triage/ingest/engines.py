@@ -83,11 +83,12 @@ class Engine:
         search = self.pattern.search
         return [i for i, (s, e) in enumerate(bounds) if search(raw[s:e]) is not None]
 
-    def redrawn_parts(self, raw: bytes, end: int) -> list[tuple[int, int]] | None:
+    def redrawn_parts(self, raw: bytes, end: int) -> list[tuple[int, int, set[bytes]]] | None:
         r"""The parts of ``raw[:end]`` between carriage returns that hold an anchor, read alone.
 
-        As ``(start, stop)`` offsets, in order; None when this engine cannot tell without
-        splitting the line (the caller then uses :meth:`parts_with_anchors`).
+        As ``(start, stop, anchors)``, in order: the part's offsets and the anchors it holds
+        (literals, and regexes as given to the engine); None when this engine cannot tell
+        without splitting the line (the caller then uses :meth:`parts_with_anchors`).
         """
         return None
 
@@ -135,6 +136,7 @@ class HyperscanEngine(Engine):
         self._scan = self._db.scan
         self._first_regex = len(usable)  # ids from here on are regexes, to be confirmed
         self._lengths = [len(a) for a in usable]
+        self._usable, self._taken = usable, taken
         # each regex Hyperscan takes, alone, as the alternation reads it
         self._confirm = [compile_bytes_alternation((), (r,)) for r in taken]
         self._left = compile_bytes_alternation((), left) if left else None
@@ -215,12 +217,12 @@ class HyperscanEngine(Engine):
 
     def redrawn_parts(  # noqa: D102 - see Engine
         self, raw: bytes, end: int
-    ) -> list[tuple[int, int]] | None:
+    ) -> list[tuple[int, int, set[bytes]]] | None:
         if self._left is not None:
             return None
-        parts: dict[int, int] = {}  # start -> stop of the parts found
+        parts: dict[int, tuple[int, set[bytes]]] = {}  # start -> stop, anchors of the parts
         maybe: list[tuple[int, int]] = []
-        first_regex, lengths = self._first_regex, self._lengths
+        first_regex, lengths, usable = self._first_regex, self._lengths, self._usable
         rfind, find = raw.rfind, raw.find
 
         def on_match(expr: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
@@ -230,21 +232,27 @@ class HyperscanEngine(Engine):
                 maybe.append((to, expr - first_regex))
                 return
             start = rfind(b"\r", 0, to - 1) + 1
-            if start in parts or start > to - lengths[expr]:
-                return  # a part already found, or a literal across a carriage return
-            stop = find(b"\r", to, end)
-            parts[start] = end if stop < 0 else stop
+            if start > to - lengths[expr]:
+                return  # a literal across a carriage return
+            part = parts.get(start)
+            if part is None:
+                stop = find(b"\r", to, end)
+                part = parts[start] = (end if stop < 0 else stop, set())
+            part[1].add(usable[expr])
 
         self._scan(raw, match_event_handler=on_match, scratch=hsdb.scratch_for(self._db))
         for to, regex in maybe:
             start = rfind(b"\r", 0, to - 1) + 1
-            if start in parts:
-                continue
             stop = find(b"\r", to, end)
             stop = end if stop < 0 else stop
+            part = parts.get(start)
+            if part is not None and self._taken[regex] in part[1]:
+                continue
             if self._confirm[regex].search(raw[start:stop]) is not None:
-                parts[start] = stop
-        return sorted(parts.items())
+                if part is None:
+                    part = parts[start] = (stop, set())
+                part[1].add(self._taken[regex])
+        return [(start, stop, found) for start, (stop, found) in sorted(parts.items())]
 
 
 def engine_choice() -> str:

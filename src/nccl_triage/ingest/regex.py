@@ -64,7 +64,9 @@ class RegexSet:
             for i in members:
                 found.Add(patterns[i][0])
             found.Compile()
-            self._sets.append((found, members))
+            # the compiled set itself where the wrapper exposes it (its Match skips a layer
+            # of Python); both answer a list of indices for UTF-8 bytes
+            self._sets.append((getattr(found, "_set", found), members))
 
     def matching(self, text: str | bytes) -> list[int]:
         """The indices of the patterns that match somewhere in ``text`` (or its UTF-8), in order."""

@@ -294,6 +294,9 @@ _NEXT_MESSAGE = re.compile(
     r"|torch\.(?:distributed\.)?\w+Error:)"
 )
 _FLAT_MIN = 48  # shorter lines hold one message
+# Every start of a message in _NEXT_MESSAGE holds a "[" past the line's first character or
+# one of these: a line with neither is one message.
+_NEXT_WORDS = ("terminate called", "what():", "Exception raised from", "Traceback (", "torch.")
 
 
 def split_flattened(text: str) -> list[str]:
@@ -302,7 +305,7 @@ def split_flattened(text: str) -> list[str]:
     A split needs a whole message before it: text that holds an anchor and more than the
     prefixes (``[rank0]: what(): ...`` and a launcher's prefix before a header stay one).
     """
-    if len(text) < _FLAT_MIN:
+    if len(text) < _FLAT_MIN or (text.find("[", 1) < 0 and not any(w in text for w in _NEXT_WORDS)):
         return [text]
     parts: list[str] = []
     start = 0
