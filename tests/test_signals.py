@@ -115,3 +115,37 @@ def test_the_anchors_a_line_holds_stand_for_every_pattern_that_matches_it() -> N
             assert sig.id in got, (sig.id, ex.line)
             checked += 1
     assert checked > 30
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(alphabet="{}'lossepch: 0123456789.-e,_x\u00e9", max_size=60),
+    which=st.integers(0, 2),
+)
+def test_the_direct_search_finds_what_the_wrapper_finds(text: str, which: int) -> None:
+    """BytesSearcher (the compiled pattern called directly) equals re2's search, with and
+    without the wrapper's internals."""
+    from nccl_triage.ingest.regex import BytesSearcher, compile_bytes_regex
+
+    pattern = [
+        r"\{'loss': (?P<loss>-?[\d.]+)(?:e(?P<exp>-?\d+))?,",
+        r"(?P<a>x)?(?P<b>\d+)|e",
+        r"epoch[: ]+(?P<epoch>[\d.]+)",
+    ][which]
+    compiled = compile_bytes_regex(pattern)
+    data = text.encode()
+    m = compiled.search(data)
+    want_spans = None if m is None else [m.span(i) for i in range(compiled.groups + 1)]
+    want_named = (
+        {}
+        if m is None
+        else {k.decode(): v.decode() for k, v in m.groupdict().items() if v is not None}
+    )
+    direct = BytesSearcher(compiled)
+    fallback = BytesSearcher(compiled)
+    fallback._match = None  # a wrapper that exposes nothing
+    for searcher in (direct, fallback):
+        spans = searcher.spans(data)
+        assert spans == want_spans
+        if spans is not None:
+            assert searcher.named(data, spans) == want_named

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from nccl_triage.ingest.regex import RegexSet, compile_bytes_regex, compile_set
+from nccl_triage.ingest.regex import BytesSearcher, RegexSet, bytes_searcher, compile_set
 from nccl_triage.model import Detail, Event, Line, Signal
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
@@ -23,9 +23,9 @@ RUN_GAP_LINES = 50  # the same signal again within this many lines extends the s
 class _Compiled:
     signal_id: str
     name: str
-    regex: Any  # over the UTF-8 bytes of the text (compile_bytes_regex)
+    regex: BytesSearcher  # over the UTF-8 bytes of the text
     on_message: bool
-    exclude: Any  # one RE2 alternation of the signal's near-misses (bytes), or None
+    exclude: BytesSearcher | None  # one RE2 alternation of the signal's near-misses
     source: str = ""  # the pattern's text
     ignore_case: bool = False
 
@@ -35,7 +35,7 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
     out: list[_Compiled] = []
     for sig in signals:
         exclude = (
-            compile_bytes_regex("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
+            bytes_searcher("|".join(f"(?:{x})" for x in sig.exclude), sig.ignore_case)
             if sig.exclude
             else None
         )
@@ -43,7 +43,7 @@ def _compile(signals: tuple[Signal, ...]) -> tuple[_Compiled, ...]:
             _Compiled(
                 sig.id,
                 p.name,
-                compile_bytes_regex(p.regex, sig.ignore_case),
+                bytes_searcher(p.regex, sig.ignore_case),
                 p.on_message,
                 exclude,
                 p.regex,
@@ -210,11 +210,12 @@ class SignalClassifier:
         for pat in (self._patterns[i] for i in hits):
             if pat.signal_id in seen:
                 continue
-            m = pat.regex.search(message_b if pat.on_message else text_b)
-            if m is None:
+            data = message_b if pat.on_message else text_b
+            spans = pat.regex.spans(data)
+            if spans is None:
                 continue
             seen.add(pat.signal_id)
-            if pat.exclude is not None and pat.exclude.search(text_b):
+            if pat.exclude is not None and pat.exclude.spans(text_b) is not None:
                 continue
             key = (pat.signal_id, line.rank, pat.name)
             i = self._open.get(key)
@@ -225,10 +226,7 @@ class SignalClassifier:
                 growth.add(line, self._events[i].ts)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
-            # names and values as bytes (the search ran over bytes)
-            detail.update(
-                {k.decode(): v.decode() for k, v in m.groupdict().items() if v is not None}
-            )
+            detail.update(pat.regex.named(data, spans))
             ev = event_of(line, pat.signal_id, detail)
             self._open[key] = len(self._events)
             self._events.append(ev)

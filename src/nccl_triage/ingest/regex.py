@@ -48,6 +48,53 @@ def compile_bytes_alternation(literals: tuple[bytes, ...], regexes: tuple[bytes,
     return re2.compile(b"|".join(parts), options)
 
 
+_UNANCHORED = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
+
+
+class BytesSearcher:
+    """An RE2 pattern over bytes, searched for its groups' spans without building a match.
+
+    The wrapper's ``search`` goes through a generator and a match object at every call,
+    twice the cost of the search on a short line; this calls the compiled pattern directly
+    where the wrapper exposes it (and the wrapper otherwise).
+    """
+
+    __slots__ = ("_compiled", "_groups", "_match", "_names")
+
+    def __init__(self, compiled: Any) -> None:
+        self._compiled = compiled
+        regexp = getattr(compiled, "_regexp", None)
+        self._match = None if regexp is None or _UNANCHORED is None else regexp.Match
+        self._names = [
+            (name.decode() if isinstance(name, bytes) else name, index)
+            for name, index in compiled.groupindex.items()
+        ]
+        self._groups = int(compiled.groups)
+
+    def spans(self, data: bytes) -> list[tuple[int, int]] | None:
+        """The spans of the leftmost match and its groups ((-1, -1) unset), or None."""
+        if self._match is None:
+            m = self._compiled.search(data)
+            return None if m is None else [m.span(i) for i in range(self._groups + 1)]
+        spans: list[tuple[int, int]] = self._match(_UNANCHORED, data, 0, len(data))
+        return None if spans[0][0] < 0 else spans
+
+    def named(self, data: bytes, spans: list[tuple[int, int]]) -> dict[str, str]:
+        """The named groups that took part in a match, as text."""
+        out: dict[str, str] = {}
+        for name, index in self._names:
+            start, end = spans[index]
+            if start >= 0:
+                out[name] = data[start:end].decode("utf-8", "replace")
+        return out
+
+
+@cache
+def bytes_searcher(pattern: str, ignore_case: bool = False) -> BytesSearcher:
+    """:func:`compile_bytes_regex`'s pattern as a :class:`BytesSearcher`."""
+    return BytesSearcher(compile_bytes_regex(pattern, ignore_case))
+
+
 class RegexSet:
     """Many patterns searched in one pass: which of them match a text (RE2's ``Set``)."""
 
