@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING
 
 from nccl_triage.diagnose.context import ContextClassifier
-from nccl_triage.diagnose.signals import SignalClassifier, scan_anchors
+from nccl_triage.diagnose.signals import Searched, SignalClassifier, scan_anchors
 from nccl_triage.diagnose.verdict import build_report
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import (
@@ -86,6 +86,40 @@ MIN_FILE_CANDIDATES = 20_000  # per file of a job of many files
 SAME_LINES = 4096
 SAME_LINE_BYTES = 2048
 
+# Lines holding only a signal's anchor are read by shape (their digits masked): this many shapes
+# remembered per triage, of lines this long at most, each with this many prefixes' texts.
+SHAPES = 4096
+SHAPE_BYTES = 4096
+SHAPE_PREFIXES = 64
+_MASK = bytes.maketrans(b"123456789", b"000000000")
+_UNKNOWN = object()
+
+
+def _line_fields(line: Line) -> tuple[object, ...]:
+    """What a line's prefixes say: Line's fields after ``message``, in their order."""
+    return (
+        line.prefixes,
+        line.rank,
+        line.local_rank,
+        line.role,
+        line.host,
+        line.pid,
+        line.severity,
+        line.time,
+        line.ts,
+        line.clock,
+    )
+
+
+def _json_like(text: str) -> bool:
+    """Whether peeling would try the text as a JSON log line (as anatomy does)."""
+    return (
+        text.startswith("{")
+        and text.rstrip().endswith("}")
+        and text[1:].lstrip(" \t\n\r")[:1] in ('"', "}")
+    )
+
+
 # The window of lines read in full around each failure: the last few thousand lines before it
 # (bounded too by the scanner's history: a few MiB) and a few hundred after it.
 CONTEXT_BEFORE = 3000
@@ -100,6 +134,28 @@ class _Read:
     at: list[int]  # the positions of those read
     lines: list[Line]
     hits: list[list[int]]
+    # where each line's text lies in the raw line, when it is those bytes unchanged
+    spans: list[tuple[int, int]] | None = None
+
+
+@dataclass(slots=True)
+class _Part:
+    """One part of a line shape: where it lies, and what peeling and searching it found."""
+
+    start: int
+    stop: int
+    plen: int  # characters of prefixes before the message
+    fields: dict[str, tuple[object, ...]]  # prefixes' text -> what they say (Line's fields)
+    hits: list[int]  # patterns to try: the blind ones the first line's had, and the others
+    searched: Searched  # what the searches blind to digits found
+
+
+@dataclass(slots=True)
+class _Shape:
+    """A signal's line with its digits masked: the lines of one shape are read alike."""
+
+    count: int
+    parts: list[_Part]
 
 
 @dataclass
@@ -156,6 +212,7 @@ class Triage:
         # grammar reads them (nor the lines around them)
         self._grammar_anchors = grammar_patterns() if self.ruleset.signals else None
         self._inputs: dict[str, _Input] = {}
+        self._shapes: dict[bytes, _Shape | None] = {}  # by masked line (None: read each)
         self.flight_recorder: FlightRecorder | None = None
 
     def read_dumps(self, sources: Sequence[str]) -> FlightRecorder:
@@ -223,8 +280,11 @@ class Triage:
         budget = self.max_candidates
         if budget is not None:
             cands = self._within_budget(inp, cands, budget, final)
+        shaped = bool(self.ruleset.signals)
         for cand in cands:
             inp.candidates += 1
+            if shaped and not cand.grammar and self._by_shape(inp, cand):
+                continue
             known = inp.same.get(cand.raw)
             if known is not None:
                 read = replace(known, lines=[replace(x, lineno=cand.lineno) for x in known.lines])
@@ -247,6 +307,80 @@ class Triage:
             self._read_windows(inp, final)
         return len(cands)
 
+    def _by_shape(self, inp: _Input, cand: Candidate) -> bool:
+        """Read a line holding only a signal's anchor as the first line of its shape was.
+
+        The shape is the line with its digits masked (``0``): peeling depends on digits only
+        in the prefixes (a time, a rank: kept per prefix text), and a pattern or exclusion
+        without digits (:func:`~nccl_triage.diagnose.signals.digit_blind`) finds the same
+        spans in every line of a shape, so they are searched once; patterns with digits are
+        searched in every line. Return False for a line left to :meth:`_read`.
+        """
+        raw = cand.raw
+        if len(raw) > SHAPE_BYTES:
+            return False
+        key = raw.translate(_MASK)
+        shape = self._shapes.get(key, _UNKNOWN)
+        if shape is _UNKNOWN:
+            return self._learn_shape(inp, cand, key)
+        if shape is None:
+            return False
+        assert isinstance(shape, _Shape)
+        source, lineno = inp.source, cand.lineno
+        lines: list[Line] = []
+        for part in shape.parts:
+            text = raw[part.start : part.stop].decode("utf-8")
+            head = text[: part.plen]
+            fields = part.fields.get(head)
+            if fields is None:
+                line = peel(Line(source, lineno, text))
+                if line.message != text[part.plen :]:
+                    return False  # (cannot be: a shape's prefixes end at the same place)
+                if len(part.fields) < SHAPE_PREFIXES:  # not a time that changes at every line
+                    part.fields[head] = _line_fields(line)
+            else:
+                line = Line(source, lineno, text, text[part.plen :], *fields)  # type: ignore[arg-type]
+            lines.append(line)
+        signals = inp.signals
+        for line, part in zip(lines, shape.parts, strict=True):
+            signals.feed(line, part.hits, known=part.searched)
+        if len(lines) == shape.count:  # all of it: the context windows reuse it
+            inp.peeled[lineno] = (lines, [part.hits for part in shape.parts])
+        return True
+
+    def _learn_shape(self, inp: _Input, cand: Candidate, key: bytes) -> bool:
+        """Read the first line of a shape in full, and keep its shape when lines can share it."""
+        read = self._read(inp, cand)
+        signals = inp.signals
+        parts: list[_Part] | None = [] if read.spans is not None else None
+        for i, line in enumerate(read.lines):
+            searched = Searched()
+            signals.feed(line, read.hits[i], learn=searched)
+            if parts is None or read.spans is None:
+                continue
+            text, message = line.text, line.message
+            if (
+                not text.endswith(message)
+                or any(p.kind == PrefixKind.JSON for p in line.prefixes)
+                or _json_like(text)  # a JSON object's numbers decide whether it parses
+            ):
+                parts = None
+                continue
+            start, stop = read.spans[i]
+            plen = len(text) - len(message)
+            blind = [h for h in read.hits[i] if signals.shape_blind(h)]
+            others = signals.shape_candidates(key[start:stop])
+            hits = sorted({*blind, *others})
+            parts.append(
+                _Part(start, stop, plen, {text[:plen]: _line_fields(line)}, hits, searched)
+            )
+        if len(read.lines) == read.count:
+            inp.peeled[cand.lineno] = (read.lines, read.hits)
+        if len(self._shapes) >= SHAPES:
+            self._shapes.clear()
+        self._shapes[key] = _Shape(read.count, parts) if parts else None
+        return True
+
     def _read(self, inp: _Input, cand: Candidate) -> _Read:
         """Peel a candidate line's segments that hold an anchor and match them with the signals.
 
@@ -256,10 +390,14 @@ class Triage:
         segments' text is not the line's bytes (invalid UTF-8, terminal codes) and for lines
         cut to MAX_LINE, every segment is read.
         """
-        if b"\r" not in cand.raw:  # one segment (most lines)
+        raw = cand.raw
+        if b"\r" not in raw:  # one segment (most lines)
             lines = peel_segments(inp.source, cand)
             hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
-            return _Read(len(lines), list(range(len(lines))), lines, hits)
+            spans = None
+            if len(lines) == 1 and is_plain(raw) and lines[0].text == raw.decode("utf-8"):
+                spans = [(0, len(raw))]
+            return _Read(len(lines), list(range(len(lines))), lines, hits, spans)
         fast = self._redrawn(inp, cand)
         if fast is not None:
             return fast
@@ -307,7 +445,8 @@ class Triage:
                 # the message of a JSON line is not its text: its anchors may be escaped there
                 hits.append(signals.hits(line) if json else signals.anchor_hits(anchors))
         at = [raw.count(b"\r", 0, s) for s, _e, _a in spans]
-        return _Read(raw.count(b"\r", 0, end) + 1, at, lines, hits)
+        bounds = [(s, e) for s, e, _a in spans]
+        return _Read(raw.count(b"\r", 0, end) + 1, at, lines, hits, bounds)
 
     @staticmethod
     def _within_budget(

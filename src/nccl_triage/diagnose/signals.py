@@ -8,8 +8,9 @@ progress bar redrawn a thousand times) becomes one event with ``count`` and ``la
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -74,11 +75,12 @@ _SEEN_MAX = 64
 
 
 _Prefilters = tuple[RegexSet, RegexSet, list[int], list[int]]
+# per pattern: blind to digits; per signal: its exclusions blind; the others with their anchors
+_Shapes = tuple[list[bool], dict[str, bool], list[tuple[int, tuple[bytes, ...]]]]
+_Bundle = tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]], _Shapes]
 
 
-def _compiled(
-    signals: Iterable[Signal],
-) -> tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]]]:
+def _compiled(signals: Iterable[Signal]) -> _Bundle:
     sigs = tuple(signals)
     key = tuple(map(id, sigs))
     hit = _SEEN.get(key)
@@ -87,9 +89,39 @@ def _compiled(
         if len(_SEEN) >= _SEEN_MAX:
             _SEEN.clear()
         # the signals are kept with their ids, so that no other object takes one of them
-        hit = _SEEN[key] = (sigs, (patterns, _prefilters(patterns), _by_anchor(sigs)))
-    result: tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]]] = hit[1]
+        bundle = (patterns, _prefilters(patterns), _by_anchor(sigs), _shapes(sigs))
+        hit = _SEEN[key] = (sigs, bundle)
+    result: _Bundle = hit[1]
     return result
+
+
+_ESCAPE = re.compile(r"\\.")
+_COUNT = re.compile(r"\{\d+(?:,\d*)?\}")
+
+
+def digit_blind(regex: str) -> bool:
+    r"""Whether a regular expression treats every ASCII digit alike.
+
+    That is when no digit is in it but in a repetition count: ``\d``, ``\w``, ``.`` and a
+    range between two non-digits take all ten or none. A digit in an escape (``\x30``) or
+    in a class (``[0-5]``) counts as seeing digits.
+    """
+    return not any(c.isdigit() for c in _COUNT.sub("", _ESCAPE.sub("", regex)))
+
+
+def _shapes(signals: tuple[Signal, ...]) -> _Shapes:
+    blind: list[bool] = []
+    seeing: list[tuple[int, tuple[bytes, ...]]] = []
+    mask = bytes.maketrans(b"123456789", b"000000000")
+    for sig in signals:
+        for p in sig.patterns:
+            anchors = p.anchors if not sig.ignore_case else ()
+            ok = digit_blind(p.regex) and not any(c.isdigit() for a in anchors for c in a)
+            if not ok:
+                seeing.append((len(blind), tuple(a.encode().translate(mask) for a in anchors)))
+            blind.append(ok)
+    excludes = {sig.id: all(digit_blind(x) for x in sig.exclude) for sig in signals}
+    return blind, excludes, seeing
 
 
 def _by_anchor(signals: tuple[Signal, ...]) -> dict[bytes, tuple[int, ...]]:
@@ -130,8 +162,9 @@ class SignalClassifier:
     """Turns lines into signal events, merging bursts of the same signal."""
 
     def __init__(self, signals: Iterable[Signal]) -> None:
-        self._patterns, prefilters, self._by_anchor = _compiled(signals)
+        self._patterns, prefilters, self._by_anchor, shapes = _compiled(signals)
         self._text_set, self._message_set, self._on_text, self._on_message = prefilters
+        self._blind, self._blind_exclude, self._seeing = shapes
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
         self._grown: dict[int, _Growth] = {}  # runs extended since their event was built
@@ -196,8 +229,19 @@ class SignalClassifier:
                 found.update(ids)
         return sorted(found)
 
-    def feed(self, line: Line, hits: list[int] | None = None) -> list[Event]:
-        """Classify one line; return the signal events it started (not those it extended)."""
+    def feed(
+        self,
+        line: Line,
+        hits: list[int] | None = None,
+        known: Searched | None = None,
+        learn: Searched | None = None,
+    ) -> list[Event]:
+        """Classify one line; return the signal events it started (not those it extended).
+
+        ``known``: what the searches of a line of the same shape found (the same, where the
+        search cannot tell digits apart: :meth:`shape_blind`); ``learn`` receives those
+        searches' results for the lines of its shape to come.
+        """
         started: list[Event] = []
         text = line.text
         seen: set[str] = set()
@@ -207,23 +251,30 @@ class SignalClassifier:
             return started
         text_b = text.encode("utf-8")
         message_b = line.message.encode("utf-8")
-        for pat in (self._patterns[i] for i in hits):
+        patterns, blind = self._patterns, self._blind
+        for i in hits:
+            pat = patterns[i]
             if pat.signal_id in seen:
                 continue
             data = message_b if pat.on_message else text_b
-            spans = pat.regex.spans(data)
+            if known is not None and i in known.spans:
+                spans = known.spans[i]
+            else:
+                spans = pat.regex.spans(data)
+                if learn is not None and blind[i]:
+                    learn.spans[i] = spans
             if spans is None:
                 continue
             seen.add(pat.signal_id)
-            if pat.exclude is not None and pat.exclude.spans(text_b) is not None:
+            if pat.exclude is not None and self._excluded(pat, text_b, known, learn):
                 continue
             key = (pat.signal_id, line.rank, pat.name)
-            i = self._open.get(key)
-            if i is not None and line.lineno - self._last_line(i) <= RUN_GAP_LINES:
-                growth = self._grown.get(i)
+            run = self._open.get(key)
+            if run is not None and line.lineno - self._last_line(run) <= RUN_GAP_LINES:
+                growth = self._grown.get(run)
                 if growth is None:
-                    growth = self._grown[i] = _Growth()
-                growth.add(line, self._events[i].ts)
+                    growth = self._grown[run] = _Growth()
+                growth.add(line, self._events[run].ts)
                 continue
             detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
             detail.update(pat.regex.named(data, spans))
@@ -233,12 +284,49 @@ class SignalClassifier:
             started.append(ev)
         return started
 
+    def _excluded(
+        self, pat: _Compiled, text_b: bytes, known: Searched | None, learn: Searched | None
+    ) -> bool:
+        sid = pat.signal_id
+        if known is not None and sid in known.excluded:
+            return known.excluded[sid]
+        assert pat.exclude is not None
+        out = pat.exclude.spans(text_b) is not None
+        if learn is not None and self._blind_exclude.get(sid, False):
+            learn.excluded[sid] = out
+        return out
+
+    def shape_blind(self, i: int) -> bool:
+        """Whether pattern ``i`` finds the same spans in two texts that differ only in digits.
+
+        Its regex is :func:`digit_blind` and its anchors hold no digit.
+        """
+        return self._blind[i]
+
+    def shape_candidates(self, masked: bytes) -> list[int]:
+        """The patterns, not :meth:`shape_blind`, that may match a text masked as ``masked``.
+
+        ``masked`` is the text's bytes with every digit a ``0``: a pattern whose anchors,
+        masked alike, are not in it cannot match (nor one without anchors be ruled out).
+        """
+        return [
+            i for i, anchors in self._seeing if not anchors or any(a in masked for a in anchors)
+        ]
+
     def _last_line(self, i: int) -> int:
         growth = self._grown.get(i)
         if growth is not None:
             return growth.last_line
         run = self._events[i]
         return int(run.detail.get("last_line") or run.line)
+
+
+@dataclass(slots=True)
+class Searched:
+    """What the searches of one line found, for the lines of its shape (digits aside)."""
+
+    spans: dict[int, list[tuple[int, int]] | None] = field(default_factory=dict)
+    excluded: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,142 @@
+"""Lines of one shape (the same line but for its digits) are read once and the rest filled in:
+the reports are those of reading every line in full."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nccl_triage import pipeline
+from nccl_triage.diagnose.signals import digit_blind
+from nccl_triage.model import Report
+from nccl_triage.pipeline import triage_text
+from nccl_triage.ruleset import load_ruleset
+
+RULESET = load_ruleset()
+
+# Signal lines of real families (and near-misses), "D" a run of digits, "R" a rank.
+TEMPLATES = [
+    "{'loss': D.D, 'grad_norm': D.D, 'learning_rate': D.De-0D, 'epoch': D.D}",
+    "[defaultR]:{'loss': D.D, 'grad_norm': D.D, 'epoch': D.D}",
+    (
+        "[defaultR]:  D%|#         | D/D [D:D<D:D,  D.Ds/it]\r  D%|#  | D/D [D:D<D:D, D.Dit/s]\r"
+        "{'loss': D.D, 'epoch': D.D}"
+    ),
+    "[defaultR]:\r  D%|#  | D/D\r{'eval_loss': D.D, 'epoch': D.D}",
+    "[rankR]:[2024-10-2D 1D:0D:D,D] Saving model checkpoint to /ckpt/checkpoint-D",
+    "[defaultR]:[INFO|trainer.py:D] 2024-03-1D 0D:1D:2D,D >> Saving model checkpoint to /o/D",
+    (
+        "W1022 10:0D:D.D D site-packages/torch/distributed/elastic/multiprocessing/api.py:D] "
+        "failed (exitcode: -D) local_rank: R (pid: D) of binary: /usr/bin/python3"
+    ),
+    "Process D exit code 13D Signal D (SIGKILL)",
+    "NVRM: Xid (PCI:0000:D:00): D, pid=D, name=python, Ch 0000000D",
+    "[defaultR]:Train Epoch: D [D/D (D%)]\tLoss: D.D",
+    " iteration      D/   D | consumed samples: D | lm loss: D.DE+00 |",
+    "[2022-12-21 10:42:D,D] [INFO] [logging.py:D:log_dist] [Rank R] step=D, skipped=D, lr=[D.D]",
+    "[defaultR]:zero_optimization stage D offload stage3_param_persistence_threshold",
+    "host:D:D [R] NCCL INFO Channel D/D : D[D] -> D[D] via P2P/IPC/read",
+    '{"log": "Saving model checkpoint to /x/D", "host": "node-D"}',
+    "{\"msg\": \"{'loss': D.D, 'epoch': D.D}\"}",
+    "[defaultR]:step D done in D.D s",
+    # patterns whose digits decide (their anchors hold none)
+    "[D.D] Xid 7D detected on GPU 0000:D:00.0",
+    "Average Precision (AP) @[ IoU=0.50:0.95 ] mAP@.D = 0.D",
+    "host:D:D [R] NCCL WARN Cuda failure 99D 'unknown error'",
+    "host:D:D [R] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.D<0> [1]lo:12D.0.0.1<0>",
+]
+FAILURE = (
+    "[rankR]:[E10D 10:1D:D.D ProcessGroupNCCL.cpp:632] [Rank R] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=D, OpType=ALLREDUCE, NumelIn=D, NumelOut=D, "
+    "Timeout(ms)=600000) ran for 600D milliseconds before timing out."
+)
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> list[str]:
+    """Lines of a few templates (so that shapes repeat), each with its own digits."""
+    chosen = draw(st.lists(st.sampled_from([*TEMPLATES, FAILURE]), min_size=1, max_size=4))
+    return draw(st.lists(line(st.sampled_from(chosen)), min_size=1, max_size=60))
+
+
+@st.composite
+def line(draw: st.DrawFn, templates: st.SearchStrategy[str]) -> str:
+    template = draw(templates)
+    out = []
+    for ch in template:
+        if ch == "D":
+            # one digit (DD is two), so that shapes repeat and their digits differ
+            out.append(draw(st.sampled_from("0123456789")))
+        elif ch == "R":
+            out.append(str(draw(st.integers(0, 3))))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def full(report: Report) -> tuple[object, ...]:
+    return (
+        report.verdict,
+        [(f.rule.id, [repr(e) for e in f.evidence]) for f in report.findings],
+        [repr(e) for e in report.events],
+        [repr(e) for e in report.signals],
+        report.facts,
+    )
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(log=logs(), gaps=st.lists(st.integers(0, 80)))
+def test_lines_read_by_shape_give_the_report_of_reading_each(
+    log: list[str], gaps: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text_lines = []
+    for i, line in enumerate(log):
+        text_lines.append(line)
+        text_lines.extend(["plain output"] * (gaps[i] if i < len(gaps) else 0))
+    text = "\n".join(text_lines) + "\n"
+    by_shape = triage_text(text, RULESET)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHAPE_BYTES", -1)  # every line read in full
+        each = triage_text(text, RULESET)
+    assert full(by_shape) == full(each)
+
+
+# Lines whose digits decide whether a signal's pattern matches (its regex holds digits).
+DIGITS_DECIDE = [
+    "[12.5] Xid 7D detected on GPU 0000:3b:00.0",
+    "Average Precision (AP) @[ IoU=0.50:0.95 ] mAP@.D = 0.41",
+    "host:1:2 [0] NCCL WARN Cuda failure 99D 'unknown error'",
+    "host:1:2 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.3<0> [1]lo:12D.0.0.1<0>",
+    "Process 4 exit code 13D Signal 9 (SIGKILL)",
+    "[default0]:failed (exitcode: -D) local_rank: 0 (pid: 51) of binary: python3",
+    "[default1]:zero_optimization stage D offload",
+    "[default0]:{'loss': 1.2, 'epoch': 0.D}",
+]
+
+
+@pytest.mark.parametrize("template", DIGITS_DECIDE)
+def test_every_digit_is_read_where_it_decides(
+    template: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each digit in turn, and in reverse: a line of a shape seen before is still searched."""
+    for order in ("0123456789", "9876543210"):
+        text = "".join(template.replace("D", d) + "\n" for d in order)
+        by_shape = triage_text(text, RULESET)
+        with monkeypatch.context() as m:
+            m.setattr(pipeline, "SHAPE_BYTES", -1)
+            each = triage_text(text, RULESET)
+        assert full(by_shape) == full(each)
+
+
+def test_digit_blind_patterns() -> None:
+    assert digit_blind(r"\{'loss': -?[\d.]+(?:e-?\d+)?,")
+    assert digit_blind(r"x{3}|\w{1,4}|[/-:]|\D")
+    assert not digit_blind("exit code 137")
+    assert not digit_blind(r"[0-5]")
+    assert not digit_blind(r"\x30")
+    assert not digit_blind(r"a\{3\}")
