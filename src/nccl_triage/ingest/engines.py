@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Sequence
 from functools import cache, cached_property
 from typing import Any
 
@@ -142,23 +143,54 @@ class HyperscanEngine(Engine):
         self._left = compile_bytes_alternation((), left) if left else None
 
     def hits(self, buf: bytes, start: int, end: int) -> list[int]:  # noqa: D102 - see Engine
+        return self.marked_hits(buf, start, end, None, ())
+
+    def marks(self, anchors: tuple[str, ...]) -> list[bool]:
+        """For each expression of the database, whether it is one of ``anchors``."""
+        literals, regexes = split_anchors(anchors)
+        lit, reg = set(literals), set(regexes)
+        return [a in lit for a in self._usable] + [r in reg for r in self._taken]
+
+    def marked_hits(
+        self,
+        buf: bytes,
+        start: int,
+        end: int,
+        marked: set[int] | None,
+        mark: Sequence[bool],
+    ) -> list[int]:
+        """:meth:`hits`, and in ``marked`` the start of each line holding a ``mark``-ed anchor.
+
+        ``mark`` as :meth:`marks` gives it. A regex counts when Hyperscan sees it, before RE2
+        confirms it, and lines found by the regexes Hyperscan cannot take count too: more
+        lines are marked than hold one, never fewer.
+        """
         found: list[int] = []  # offsets in lines holding a literal
         maybe: list[tuple[int, int]] = []  # (offset, regex) in lines that need RE2's word
         first_regex = self._first_regex
         rfind, find = buf.rfind, buf.find
         lo = hi = -1  # the line of the latest literal, relative to start
+        was_marked = False  # whether that line is in marked
 
         def on_match(expr: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-            nonlocal lo, hi
+            nonlocal lo, hi, was_marked
             at = to - 1  # the match's last byte, relative to start: inside its line
             if lo <= at < hi:
-                return  # a line already found (matches come mostly in order of their end)
+                # a line already found (matches come mostly in order of their end)
+                if marked is not None and not was_marked and mark[expr]:
+                    marked.add(start + lo)
+                    was_marked = True
+                return
             if expr >= first_regex:
                 maybe.append((start + at, expr - first_regex))
                 return
             lo = max(rfind(b"\n", start, start + at) + 1 - start, 0)
             hi = find(b"\n", start + at, end) - start
             found.append(start + at)
+            was_marked = marked is not None and mark[expr]
+            if was_marked:
+                assert marked is not None
+                marked.add(start + lo)
 
         self._scan(
             memoryview(buf)[start:end],  # no copy
@@ -167,19 +199,32 @@ class HyperscanEngine(Engine):
         )
         found.sort()
         if maybe:
-            self._confirm_into(found, buf, start, end, maybe)
+            self._confirm_into(found, buf, start, end, maybe, marked, mark)
         if self._left is not None:
-            found = sorted(found + _re2_hits(self._left, buf, start, end))
+            left = _re2_hits(self._left, buf, start, end)
+            if marked is not None:
+                marked.update(max(buf.rfind(b"\n", start, at) + 1, start) for at in left)
+            found = sorted(found + left)
         return found
 
     def _confirm_into(
-        self, found: list[int], buf: bytes, start: int, end: int, maybe: list[tuple[int, int]]
+        self,
+        found: list[int],
+        buf: bytes,
+        start: int,
+        end: int,
+        maybe: list[tuple[int, int]],
+        marked: set[int] | None = None,
+        mark: Sequence[bool] = (),
     ) -> None:
         """Add to ``found`` (sorted) the regex hits RE2 confirms, in lines not found yet."""
         decided: set[tuple[int, int]] = set()
+        first_regex = self._first_regex
         for at, regex in sorted(maybe):
             line_start = max(buf.rfind(b"\n", start, at) + 1, start)
             line_end = buf.find(b"\n", at, end)
+            if marked is not None and mark[first_regex + regex]:
+                marked.add(line_start)  # seen by Hyperscan: may hold it
             i = bisect.bisect_left(found, line_start)
             if (i < len(found) and found[i] < line_end) or (line_start, regex) in decided:
                 continue

@@ -24,7 +24,13 @@ from functools import cache
 from typing import Any
 
 from nccl_triage.ingest.anchors import ANCHORS
-from nccl_triage.ingest.engines import REGEX_PREFIX, Engine, scan_engine, split_anchors
+from nccl_triage.ingest.engines import (
+    REGEX_PREFIX,
+    Engine,
+    HyperscanEngine,
+    scan_engine,
+    split_anchors,
+)
 from nccl_triage.ingest.regex import compile_bytes_alternation
 
 LOOKBEHIND = 2  # physical lines kept before a candidate (a message wrapped before its anchor)
@@ -50,6 +56,11 @@ class Candidate:
     # whether the grammar may read it: False for a line holding none of the scanner's
     # ``neighbours`` anchors (only a context signal's), which goes without neighbours
     grammar: bool = True
+
+
+@cache
+def _marks(engine: HyperscanEngine, neighbours: tuple[str, ...]) -> list[bool]:
+    return engine.marks(neighbours)
 
 
 def regex_anchor(regex: str) -> str:
@@ -292,6 +303,11 @@ class Scanner:
         self._grammar: Engine | None = (
             None if neighbours is None else scan_engine(tuple(neighbours), engine)
         )
+        # which of the engine's anchors are the grammar's: the scan itself then marks the
+        # lines holding one (Hyperscan), with no search of each line
+        self._marks: list[bool] | None = None
+        if neighbours is not None and isinstance(self.engine, HyperscanEngine):
+            self._marks = _marks(self.engine, tuple(neighbours))
         self._partial = b""  # the unfinished last line, while it is short
         self._long: _LongLine | None = None  # the unfinished last line once it is long
         self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
@@ -410,7 +426,16 @@ class Scanner:
         first = self._lineno
         lineno, counted, pos = first, start, start
         ahead = _Ahead(buf, end)
-        for at in self.engine.hits(buf, start, end) if scan else ():
+        marks = self._marks
+        marked: set[int] | None = None
+        if not scan:
+            found: list[int] = []
+        elif marks is not None and isinstance(self.engine, HyperscanEngine):
+            marked = set()
+            found = self.engine.marked_hits(buf, start, end, marked, marks)
+        else:
+            found = self.engine.hits(buf, start, end)
+        for at in found:
             if at < pos:
                 continue  # another anchor of the line just read
             line_start = max(buf.rfind(b"\n", start, at) + 1, start)
@@ -421,7 +446,7 @@ class Scanner:
             lineno += count_newlines(buf, counted, line_start)
             counted = line_start
             raw = _clip(buf, line_start, line_end, at)
-            if not self._wants_neighbours(buf, line_start, line_end):
+            if not self._wants_neighbours(buf, line_start, line_end, marked):
                 if self._pending:  # after the held ones, in order
                     self._pending.append(_Pending(lineno, raw, (), [], now, 0, False))
                 else:
@@ -444,13 +469,20 @@ class Scanner:
         self.history.add(first, total, buf, start, end)
         self._lineno = first + total
 
-    def _wants_neighbours(self, buf: bytes, line_start: int, line_end: int) -> bool:
-        """Whether the grammar may read the line ``buf[line_start:line_end]``."""
+    def _wants_neighbours(
+        self, buf: bytes, line_start: int, line_end: int, marked: set[int] | None
+    ) -> bool:
+        """Whether the grammar may read the line ``buf[line_start:line_end]``.
+
+        ``marked``: the starts of the lines the scan saw a grammar's anchor in, if it did.
+        """
         grammar = self._grammar
         if grammar is None or line_end - line_start > MAX_LINE:
             return True
         if buf.find(b"\x1b", line_start, line_end) >= 0:
             return True
+        if marked is not None:
+            return line_start in marked
         return bool(grammar.hits(buf, line_start, line_end + 1))
 
     def _ready(self) -> list[Candidate]:
