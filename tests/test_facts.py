@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nccl_triage.model.report import JobFacts
 from nccl_triage.pipeline import triage_text
 from nccl_triage.ruleset import load_ruleset
@@ -101,3 +103,23 @@ def test_a_damaged_rank_count_names_no_job() -> None:
         _wd(1, 812, "ALLREDUCE"),
     )
     assert f.world_size is None and f.ranks_timed_out == [1]
+
+
+def test_facts_as_plain_data_are_what_asdict_gives() -> None:
+    """The fast copy of the facts equals dataclasses.asdict's (with string keys for ranks)."""
+    import dataclasses
+
+    from nccl_triage import triage
+
+    logs = sorted(Path(__file__).parent.parent.joinpath("fixtures", "logs").glob("*.log"))
+    assert logs
+    for log in logs:
+        facts = triage(log).facts
+        want = dataclasses.asdict(facts)
+        want["last_completed"] = {str(k): v for k, v in facts.last_completed.items()}
+        want["last_seq"] = {str(k): v for k, v in facts.last_seq.items()}
+        got = facts.to_dict()
+        assert got == want
+        for name, value in got.items():  # a copy: changing it leaves the facts alone
+            if isinstance(value, list | dict) and value:
+                assert value is not getattr(facts, name)

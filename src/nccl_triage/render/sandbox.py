@@ -291,6 +291,7 @@ def environment(
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=False,
+        auto_reload=False,  # a template is read once per process, not checked at every use
     )
     env.filters.update({name: _guarded_filter(name, f) for name, f in filters})
     return env
