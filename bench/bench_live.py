@@ -4,12 +4,15 @@
     python bench/bench_live.py                      # all three, on a 1 GiB synthetic log
     python bench/bench_live.py throughput --log bench/out/torchrun-1.2G.log
     python bench/bench_live.py latency --runs 10
+    python bench/bench_live.py paced --rate 500       # a job printing 500 MB/s
     python bench/bench_live.py memory
 
 * **throughput**: ``cat LOG | X > pipe`` where X is ``cat`` and then ``nccl-triage watch``, in
   the same run; the time until the reader at the end of the pipe sees end of file (and, for
   watch, until it has exited with its final report), with the SHA-256 of what came out. Also
   how much the analyser had to skip (it never slows the output down).
+* **paced**: the same, but the log is written by a job that prints ``--rate`` MB/s (1 MiB at a
+  time, as fast as that rate allows): whether the analyser keeps up with it (skips nothing).
 * **latency**: a fake job writes the start of a torchrun log, then eight ranks' timeout lines in
   one burst, then either goes quiet (hung) or goes on printing every 10 ms (busy). Measured:
   from the write of the last timeout line to the first live diagnosis on stderr.
@@ -152,10 +155,39 @@ def sha_file(path: Path) -> str:
 # ----------------------------------------------------------------------------- throughput
 
 
-def pipeline(log: Path, middle: list[str], digest: bool, stderr: int | None = None) -> dict:
-    """``cat LOG | middle`` read to the end here; times and what came out."""
+# A job printing at a steady rate: 1 MiB writes, each when the rate allows it.
+PACER = """
+import os, sys, time
+path, rate = sys.argv[1], float(sys.argv[2]) * 1e6
+sent, t0 = 0, time.perf_counter()
+with open(path, "rb") as fh:
+    while block := fh.read(1 << 20):
+        ahead = sent / rate - (time.perf_counter() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+        view = memoryview(block)
+        while view:
+            view = view[os.write(1, view):]
+        sent += len(block)
+"""
+
+
+def pipeline(
+    log: Path,
+    middle: list[str],
+    digest: bool,
+    stderr: int | None = None,
+    rate: float | None = None,
+) -> dict:
+    """``cat LOG | middle`` read to the end here; times and what came out.
+
+    ``rate``: the log is written at this many MB/s (a paced job) instead of by ``cat``.
+    """
     t0 = time.perf_counter()
-    cat = subprocess.Popen(["cat", str(log)], stdout=subprocess.PIPE)
+    source = (
+        ["cat", str(log)] if rate is None else [sys.executable, "-c", PACER, str(log), str(rate)]
+    )
+    cat = subprocess.Popen(source, stdout=subprocess.PIPE)
     assert cat.stdout is not None
     mid = subprocess.Popen(middle, stdin=cat.stdout, stdout=subprocess.PIPE, stderr=stderr)
     cat.stdout.close()
@@ -218,6 +250,42 @@ def bench_throughput(log: Path, runs: int, digest: bool) -> dict:
     out["ratio"] = out["watch"]["mb_per_s"] / out["cat"]["mb_per_s"]
     print(f"  watch/cat: {out['ratio']:.2f}", flush=True)
     return out
+
+
+def bench_paced(log: Path, runs: int, rate: float) -> dict:
+    """A job printing ``rate`` MB/s into ``watch``: does the analyser keep up (skip nothing)?"""
+    size = log.stat().st_size
+    print(f"paced: {log} ({size / GIB:.2f} GiB) written at {rate:g} MB/s, {runs} runs", flush=True)
+    out: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.jsonl"
+        for _ in range(runs):
+            alone = pipeline(log, ["cat"], False, rate=rate)
+            r = pipeline(
+                log,
+                [*NCCL_TRIAGE, "watch", "--report", str(report), "--format", "json"],
+                False,
+                rate=rate,
+            )
+            final = json.loads(report.read_text(encoding="utf-8").splitlines()[-1])
+            live = final["live"]
+            row = {
+                "source_mb_per_s": size / alone["eof_s"] / 1e6,
+                "watch_mb_per_s": size / r["eof_s"] / 1e6,
+                "exit_s": r["exit_s"],
+                "after_eof_s": r["exit_s"] - r["eof_s"],
+                "skipped_bytes": live["dropped_bytes"],
+                "verdict": final["verdict"],
+            }
+            out.append(row)
+            print(
+                f"  job alone {row['source_mb_per_s']:.0f} MB/s; under watch "
+                f"{row['watch_mb_per_s']:.0f} MB/s to end of output, final report "
+                f"{row['after_eof_s']:.2f} s after it; analyser skipped "
+                f"{row['skipped_bytes'] / (1 << 20):.0f} MiB; verdict {row['verdict']}",
+                flush=True,
+            )
+    return {"rate_mb_per_s": rate, "runs": out}
 
 
 # ----------------------------------------------------------------------------- latency
@@ -348,12 +416,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-digest", action="store_true", help="skip the SHA-256 comparison")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    ap.add_argument("--rate", type=float, default=500.0, help="MB/s of the paced job (paced)")
     args = ap.parse_args()
     if not shutil.which("cat"):
         sys.exit("needs cat")
     results: dict[str, object] = {"cpus": os.cpu_count()}
-    if {"throughput", "memory"} & set(args.what):
+    if {"throughput", "paced", "memory"} & set(args.what):
         log = make_log(args.log, args.size)
+    if "paced" in args.what:
+        results["paced"] = bench_paced(log, args.runs, args.rate)
     if "throughput" in args.what:
         results["throughput"] = bench_throughput(log, args.runs, not args.no_digest)
     if "latency" in args.what:
