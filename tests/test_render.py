@@ -185,3 +185,24 @@ def test_the_two_hostile_templates_of_the_report_stay_small(tmp_path: Path) -> N
         assert "Advice not rendered" in out, (name, out[-1500:])
         peak_kib = int(proc.stderr.decode().strip().splitlines()[-1])
         assert peak_kib < 200 * 1024, (name, peak_kib)
+
+
+def test_no_builtin_advice_shows_a_missing_number() -> None:
+    """A value a line does not show is left out of the advice, not printed as "?"."""
+    import re
+
+    rs = load_ruleset()
+    missing = re.compile(r"\b(?:for|after|of|at least|about) \?(?=\W)")
+    checked = 0
+    for rule in rs.rules:
+        for ex in rule.examples:
+            if ex.expect != "match" or not ex.log:
+                continue
+            report = triage_text(ex.log, rs)
+            for finding in report.findings:
+                if finding.rule.id != rule.id:
+                    continue
+                text = render_advice(finding, report.facts, rs.template_dirs)
+                assert not missing.search(text), (rule.id, ex.name, text)
+                checked += 1
+    assert checked > 40

@@ -20,7 +20,7 @@ import gc
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from nccl_triage.diagnose.context import ContextClassifier
 from nccl_triage.diagnose.signals import Searched, SignalClassifier, scan_anchors
@@ -432,9 +432,17 @@ class Triage:
             or not is_plain(raw)
         ):
             return None
-        spans = inp.scanner.engine.redrawn_parts(raw, end)
-        if spans is None:
-            return None
+        engine = inp.scanner.engine
+        spans: list[tuple[int, int, set[bytes] | None]] | None
+        spans = cast(
+            "list[tuple[int, int, set[bytes] | None]] | None", engine.redrawn_parts(raw, end)
+        )
+        if spans is None:  # the engine cannot name the anchors: each part searched alone
+            bounds, start = [], 0
+            for part in raw[:end].split(b"\r"):
+                bounds.append((start, start + len(part)))
+                start += len(part) + 1
+            spans = [(*bounds[i], None) for i in engine.parts_with_anchors(raw, bounds)]
         source, lineno = inp.source, cand.lineno
         lines = [peel(Line(source, lineno, raw[s:e].decode("utf-8"))) for s, e, _a in spans]
         hits = []
@@ -443,7 +451,10 @@ class Triage:
             for line, (_s, _e, anchors) in zip(lines, spans, strict=True):
                 json = line.prefixes and line.prefixes[0].kind == PrefixKind.JSON
                 # the message of a JSON line is not its text: its anchors may be escaped there
-                hits.append(signals.hits(line) if json else signals.anchor_hits(anchors))
+                if anchors is None or json:
+                    hits.append(signals.hits(line))
+                else:
+                    hits.append(signals.anchor_hits(anchors))
         at = [raw.count(b"\r", 0, s) for s, _e, _a in spans]
         bounds = [(s, e) for s, e, _a in spans]
         return _Read(raw.count(b"\r", 0, end) + 1, at, lines, hits, bounds)
