@@ -179,6 +179,20 @@ def test_scan_equals_naive_reference(name: str, data: st.DataObject) -> None:
         check(text, chunks, SMALL_ANCHORS)
 
 
+@pytest.mark.parametrize("name", ["tiny", "full-context", "roomy"])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_scan_with_newlines_found_in_one_pass_equals_the_reference(
+    name: str, data: st.DataObject
+) -> None:
+    """Large inputs have their newlines found by numpy in one pass per range: the same lines."""
+    prefilter._load_numpy()
+    text = data.draw(logs(PIECES, b"xyz", 120))
+    cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=12))
+    with params(**SMALL[name], _VECTOR=data.draw(st.integers(1, 64))):
+        check(text, chunked(text, cuts), SMALL_ANCHORS)
+
+
 REAL_PIECES = [a.encode() for a in ANCHORS[::7]] + [
     b"[default3]:[rank3]:[E1022 10:11:12.123456789 ProcessGroupNCCL.cpp:632] ",
     b"Watchdog caught collective operati",  # an anchor cut by a terminal wrap

@@ -88,7 +88,7 @@ SAME_LINE_BYTES = 2048
 
 # Lines holding only a signal's anchor are read by shape (their digits masked): this many shapes
 # remembered per triage, of lines this long at most, each with this many prefixes' texts.
-SHAPES = 4096
+SHAPES = 2048
 SHAPE_BYTES = 4096
 SHAPE_PREFIXES = 64
 _MASK = bytes.maketrans(b"123456789", b"000000000")

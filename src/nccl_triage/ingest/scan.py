@@ -42,6 +42,7 @@ _NL = 10
 _SMALL = 64 << 10  # below this many bytes, bytes.count counts newlines; above, numpy
 _BLOCK = 256 << 10  # numpy compares this many bytes at a time (the temporary stays in cache)
 _NUMPY_AFTER = 256 << 20  # numpy is imported once an input has been this large
+_VECTOR = 1 << 20  # a range this large has its newlines found by numpy in one pass
 _np: Any = None  # the numpy module, once imported
 
 
@@ -115,6 +116,43 @@ def _lines_before(buf: bytes, line_start: int, n: int, floor: int) -> list[bytes
         end = start - 1
     out.reverse()
     return out
+
+
+def _lines_of(
+    buf: bytes, start: int, end: int, found: list[int]
+) -> tuple[list[tuple[int, int, int, int]], int | None]:
+    """The lines of ``buf[start:end]`` that ``found`` (ascending offsets) fall in, once each.
+
+    As ``(offset, index, line_start, line_end)`` (``line_end`` at its newline), and the
+    newlines of the whole range. Where numpy is loaded (large inputs), the range is large and
+    the offsets at least one per 64 KiB, one pass finds every newline: ``index`` is the line's number in the range and the count
+    is the total. Else ``index`` is -1 and the count None: the caller counts as it goes.
+    """
+    rows: list[tuple[int, int, int, int]] = []
+    if _np is not None and end - start >= _VECTOR and len(found) << 16 >= end - start:
+        # (dense candidates only: between sparse ones numpy counts faster than it finds)
+        view = _np.frombuffer(buf, dtype=_np.uint8, count=end - start, offset=start)
+        nl = _np.flatnonzero(view == _NL)
+        index = _np.searchsorted(nl, _np.asarray(found) - start)
+        ends = nl[index]  # the range ends with a newline: every offset has one after it
+        starts = _np.where(index > 0, nl[index - 1] + 1, 0)
+        last = -1
+        for at, i, a, b in zip(found, index.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            if i != last:
+                rows.append((at, i, start + a, start + b))
+                last = i
+        return rows, len(nl)
+    pos = start
+    rfind, find = buf.rfind, buf.find
+    for at in found:
+        if at < pos:
+            continue  # another anchor of the line just read
+        line_start = max(rfind(b"\n", start, at) + 1, start)
+        line_end = find(b"\n", at, end)
+        line_end = end - 1 if line_end < 0 else line_end
+        rows.append((at, -1, line_start, line_end))
+        pos = line_end + 1
+    return rows, None
 
 
 def _lines_from(buf: bytes, pos: int, n: int, end: int) -> list[bytes]:
@@ -424,7 +462,7 @@ class Scanner:
                 for p in self._pending:
                     p.after.extend(head[: p.wants - len(p.after)])
         first = self._lineno
-        lineno, counted, pos = first, start, start
+        lineno, counted = first, start
         ahead = _Ahead(buf, end)
         marks = self._marks
         marked: set[int] | None = None
@@ -435,23 +473,21 @@ class Scanner:
             found = self.engine.marked_hits(buf, start, end, marked, marks)
         else:
             found = self.engine.hits(buf, start, end)
-        for at in found:
-            if at < pos:
-                continue  # another anchor of the line just read
-            line_start = max(buf.rfind(b"\n", start, at) + 1, start)
-            line_end = buf.find(b"\n", at, end)
-            line_end = end - 1 if line_end < 0 else line_end
+        rows, newlines = _lines_of(buf, start, end, found)
+        for at, index, line_start, line_end in rows:
             if line_end - line_start > MAX_LINE:
                 at = self.engine.leftmost(buf, line_start, line_end)  # the window is around it
-            lineno += count_newlines(buf, counted, line_start)
-            counted = line_start
+            if index < 0:
+                lineno += count_newlines(buf, counted, line_start)
+                counted = line_start
+            else:
+                lineno = first + index
             raw = _clip(buf, line_start, line_end, at)
             if not self._wants_neighbours(buf, line_start, line_end, marked):
                 if self._pending:  # after the held ones, in order
                     self._pending.append(_Pending(lineno, raw, (), [], now, 0, False))
                 else:
                     self._done.append(Candidate(lineno, raw, (), (), False))
-                pos = line_end + 1
                 continue
             before = _lines_before(buf, line_start, LOOKBEHIND, start)
             missing = LOOKBEHIND - len(before)
@@ -462,8 +498,9 @@ class Scanner:
                 self._done.append(Candidate(lineno, raw, tuple(before), tuple(after)))
             else:  # its lines after are in the next chunk
                 self._pending.append(_Pending(lineno, raw, tuple(before), after, now, LOOKAHEAD))
-            pos = line_end + 1
-        total = (lineno - first) + count_newlines(buf, counted, end)
+        if newlines is None:  # counted up to the last candidate line: the rest now
+            newlines = (lineno - first) + count_newlines(buf, counted, end)
+        total = newlines
         if LOOKBEHIND:
             self._prev.extend(_lines_before(buf, end, LOOKBEHIND, start))
         self.history.add(first, total, buf, start, end)
