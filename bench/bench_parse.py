@@ -195,9 +195,9 @@ def table(log: Path, rows: list[Measured], repeat: int) -> str:
 def breakdown(path: Path) -> str:
     """Where the tool's time goes, in this process: the scan per engine, parse, triage."""
     from nccl_triage.ingest.reader import iter_chunks, open_binary
-    from nccl_triage.ingest.scan import scan
+    from nccl_triage.ingest.scan import Scanner
     from nccl_triage.parse.grammar import parser
-    from nccl_triage.pipeline import parse_path, scan_patterns, triage_path
+    from nccl_triage.pipeline import grammar_patterns, parse_path, scan_patterns, triage_path
     from nccl_triage.ruleset import Ruleset, load_ruleset
 
     out = [f"in-process breakdown for {path.name}:"]
@@ -207,17 +207,29 @@ def breakdown(path: Path) -> str:
     parser()
     out.append(f"  Lark parser build {time.perf_counter() - start:.2f} s")
     grammar = scan_patterns(Ruleset(rules=[], signals=[]))
-    for name, anchors in (("parse", grammar), ("triage", scan_patterns(rules))):
+    # as the pipeline scans: for triage, a line holding only a signal's anchor comes without
+    # the lines around it (no grammar reads it)
+    for name, anchors, neighbours in (
+        ("parse", grammar, None),
+        ("triage", scan_patterns(rules), grammar_patterns()),
+    ):
         for engine in ("hyperscan", "re2"):
             start = time.perf_counter()
-            n = 0
+            n = bare = 0
+            scanner = Scanner(anchors, history=0, engine=engine, neighbours=neighbours)
             with open_binary(str(path)) as fh:
-                for _ in scan(iter_chunks(fh), anchors, engine=engine):
-                    n += 1
+                for chunk in iter_chunks(fh):
+                    for cand in scanner.feed(chunk):
+                        n += 1
+                        bare += not cand.grammar
+            for cand in scanner.close():
+                n += 1
+                bare += not cand.grammar
             took = time.perf_counter() - start
             out.append(
                 f"  scan alone, {name}'s anchors, {engine}: {took:.2f} s "
-                f"({path.stat().st_size / 1e6 / took:,.0f} MB/s, {n:,} candidate lines)"
+                f"({path.stat().st_size / 1e6 / took:,.0f} MB/s, {n:,} candidate lines"
+                + (f", {bare:,} of them a signal's only)" if neighbours else ")")
             )
     start = time.perf_counter()
     parsed = parse_path(str(path))
