@@ -338,14 +338,15 @@ class Scanner:
         """
         self._anchors = tuple(anchors)
         self.engine: Engine = scan_engine(self._anchors, engine)
-        self._grammar: Engine | None = (
-            None if neighbours is None else scan_engine(tuple(neighbours), engine)
-        )
+        self._sparse = neighbours is not None  # some candidates go without neighbours
         # which of the engine's anchors are the grammar's: the scan itself then marks the
-        # lines holding one (Hyperscan), with no search of each line
+        # lines holding one (Hyperscan); else each line is searched for them (RE2)
         self._marks: list[bool] | None = None
+        self._grammar: Engine | None = None
         if neighbours is not None and isinstance(self.engine, HyperscanEngine):
             self._marks = _marks(self.engine, tuple(neighbours))
+        elif neighbours is not None:
+            self._grammar = scan_engine(tuple(neighbours), engine)
         self._partial = b""  # the unfinished last line, while it is short
         self._long: _LongLine | None = None  # the unfinished last line once it is long
         self._prev: deque[bytes] = deque(maxlen=LOOKBEHIND)  # last complete lines, clipped
@@ -513,14 +514,13 @@ class Scanner:
 
         ``marked``: the starts of the lines the scan saw a grammar's anchor in, if it did.
         """
-        grammar = self._grammar
-        if grammar is None or line_end - line_start > MAX_LINE:
+        if not self._sparse or line_end - line_start > MAX_LINE:
             return True
         if buf.find(b"\x1b", line_start, line_end) >= 0:
             return True
         if marked is not None:
             return line_start in marked
-        return bool(grammar.hits(buf, line_start, line_end + 1))
+        return self._grammar is None or bool(self._grammar.hits(buf, line_start, line_end + 1))
 
     def _ready(self) -> list[Candidate]:
         out, self._done = self._done, []
