@@ -95,6 +95,29 @@ _MASK = bytes.maketrans(b"123456789", b"000000000")
 _UNKNOWN = object()
 
 
+# The shapes learnt, per list of signals (by the identity of its members, kept alive here) and
+# scan engine: a batch's jobs and a live job's updates share them, as the grammar's message
+# shapes are shared (a shape depends on nothing else).
+_SHAPES_OF: dict[tuple[object, ...], tuple[list[object], dict[bytes, _Shape | None]]] = {}
+
+
+def _shapes_of(ruleset: Ruleset) -> dict[bytes, _Shape | None]:
+    from nccl_triage.errors import TriageError
+    from nccl_triage.ingest.engines import engine_choice
+
+    try:
+        engine = engine_choice()
+    except TriageError:  # said when the scan starts
+        engine = "?"
+    key = (engine, *map(id, ruleset.signals))
+    hit = _SHAPES_OF.get(key)
+    if hit is None:
+        if len(_SHAPES_OF) >= 16:
+            _SHAPES_OF.clear()
+        hit = _SHAPES_OF[key] = (list(ruleset.signals), {})
+    return hit[1]
+
+
 def _line_fields(line: Line) -> tuple[object, ...]:
     """What a line's prefixes say: Line's fields after ``message``, in their order."""
     return (
@@ -212,7 +235,8 @@ class Triage:
         # grammar reads them (nor the lines around them)
         self._grammar_anchors = grammar_patterns() if self.ruleset.signals else None
         self._inputs: dict[str, _Input] = {}
-        self._shapes: dict[bytes, _Shape | None] = {}  # by masked line (None: read each)
+        # by masked line (None: read each), shared by every triage of the same signals
+        self._shapes = _shapes_of(self.ruleset)
         self.flight_recorder: FlightRecorder | None = None
 
     def read_dumps(self, sources: Sequence[str]) -> FlightRecorder:
