@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import CORPUS, FIXTURES, corpus_available
 from nccl_triage.live.analyser import ReportSink
@@ -639,3 +642,22 @@ def test_one_sigterm_delivered_twice_is_one_stop() -> None:
         assert sigs.take() == [signal.SIGTERM]
     finally:
         sigs.restore()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(st.sampled_from([b"D", b"G", b"E"]), st.binary(max_size=300)), max_size=8
+    ),
+    cuts=st.lists(st.integers(0, 3000), max_size=10),
+)
+def test_frames_survive_any_cut_into_any_pieces(
+    frames: list[tuple[bytes, bytes]], cuts: list[int]
+) -> None:
+    wire = b"".join(encode_frame(k, p) for k, p in frames)
+    points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
+    reader = FrameReader()
+    got = []
+    for a, b in itertools.pairwise(points):
+        got += list(reader.push(wire[a:b]))
+    assert got == frames

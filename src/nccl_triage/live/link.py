@@ -44,17 +44,30 @@ class FrameReader:
 
     def push(self, chunk: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Take bytes from the pipe; yield every frame they complete."""
-        self._buf += chunk
-        pos = 0
         buf = self._buf
-        while len(buf) - pos >= _HEAD.size:
-            kind, size = _HEAD.unpack_from(buf, pos)
-            if len(buf) - pos - _HEAD.size < size:
-                break
-            start = pos + _HEAD.size
-            yield kind, bytes(buf[start : start + size])
-            pos = start + size
-        del buf[:pos]
+        if not buf and len(chunk) >= _HEAD.size:
+            # nothing held: frames are read where they lie, the rest kept
+            return iter(self._cut(chunk, keep=True))
+        buf += chunk
+        return iter(self._cut(buf, keep=False))
+
+    def _cut(self, data: bytes | bytearray, keep: bool) -> list[tuple[bytes, bytes]]:
+        """The frames ``data`` completes; what follows them stays in the buffer."""
+        frames: list[tuple[bytes, bytes]] = []
+        pos = 0
+        with memoryview(data) as view:
+            while len(data) - pos >= _HEAD.size:
+                kind, size = _HEAD.unpack_from(data, pos)
+                if len(data) - pos - _HEAD.size < size:
+                    break
+                start = pos + _HEAD.size
+                frames.append((kind, bytes(view[start : start + size])))  # one copy
+                pos = start + size
+        if keep:
+            self._buf += data[pos:]
+        else:
+            del self._buf[:pos]
+        return frames
 
 
 def encode_frame(kind: bytes, payload: bytes) -> bytes:
