@@ -637,6 +637,22 @@ def test_nccl_error_wrapped_where_its_comma_was() -> None:
     assert ev.kind == "nccl_error" and ev.detail.get("nccl_version") == "2.19.3"
 
 
+def test_nccl_info_lines_with_hex_ids_are_read_by_shape() -> None:
+    """An Init COMPLETE line (hex communicator ids) is parsed once per shape, not per line."""
+    from nccl_triage.parse import messages
+
+    line = (
+        "gpu-node-003:4007:4097 [1] NCCL INFO comm 0x55d1c0a2b0 rank 1 nranks 4 cudaDev 1 "
+        "nvmlDev 1 busId 18000 commId 0x9a3c41e7 - Init COMPLETE"
+    )
+    parse_message(line)
+    shape = messages._NUMBERS.sub("#", line)
+    assert messages._shapes.get(shape) not in (None, messages._UNTRUSTED)
+    other = line.replace("0x55d1c0a2b0", "0x7f3a00c1d2e8").replace("rank 1 ", "rank 3 ")
+    assert parse_message(other) == messages._parse(other, None)
+    assert parse_message(other)["nccl_rank"] == 3
+
+
 def _reference_lines() -> list[str]:
     """The single-line examples of ``data/reference_examples.yaml``."""
     import yaml
@@ -681,6 +697,14 @@ def test_a_message_read_by_its_shape_is_the_grammars_reading(
     parse_message(message)  # learns the shape
     values = iter(numbers * 100)
     other = re.sub(r"\d+", lambda m: str(next(values)), message)
+    assert parse_message(other) == messages._parse(other, None)
+    # hex numbers are numbers of the shape too ("comm 0x55d1c0a2b0"): other hex numbers
+    values = iter(numbers * 100)
+    other = re.sub(
+        r"0[xX][0-9a-fA-F]+|\d+",
+        lambda m: hex(next(values)) if m[0][1:2] in ("x", "X") else str(next(values)),
+        message,
+    )
     assert parse_message(other) == messages._parse(other, None)
 
 

@@ -8,6 +8,7 @@ not know, prose), or what survives of a damaged timeout message (``salvage``).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -78,13 +79,15 @@ def parse_message(message: str, head_before: int | None = None) -> Fields | None
 
 _CACHED_LENGTH = 2048
 
-# A message's shape: the message with each run of digits made "#". Messages of one shape parse
+# A message's shape: the message with each number made "#" (a run of digits, or a hex number
+# whole: "comm 0x55d1c0a2b0", so that its sentinel is hex too and the message still parses as
+# its family, else the shape is never trusted). Messages of one shape parse
 # alike, their numbers landing in the same fields, unless a field is computed from a number
 # (a signal's name from its number): a shape is learnt from its first message by parsing it
 # a second time with every number replaced by a sentinel, and trusted only when the sentinel
 # fields, given back the real numbers, are the real fields. Later messages of a trusted shape
 # get the sentinel fields with their own numbers, without the grammar.
-_DIGITS = re.compile(r"\d+")
+_NUMBERS = re.compile(r"0[xX][0-9a-fA-F]+|\d+")
 _SENTINEL_BASE = 7_100_000_000
 _SENTINEL = re.compile(r"71\d{8}")
 _MAX_SHAPES = 8192
@@ -93,10 +96,11 @@ _shapes: dict[str, object] = {}
 
 
 def _by_shape(message: str) -> Fields | None:
-    runs = _DIGITS.findall(message)
-    if not runs or len(runs) > 99:
+    tokens = _NUMBERS.findall(message)
+    if not tokens or len(tokens) > 99:
         return _parse_once(message, None)
-    shape = _DIGITS.sub("#", message)
+    runs = [t[2:] if t[1:2] in ("x", "X") else t for t in tokens]  # a hex number's digits
+    shape = _NUMBERS.sub("#", message)
     learnt = _shapes.get(shape)
     if learnt is _UNTRUSTED:
         return _parse_once(message, None)
@@ -117,10 +121,17 @@ def _by_shape(message: str) -> Fields | None:
     return real
 
 
+def _sentinel(m: re.Match[str], numbers: Iterator[int]) -> str:
+    """The sentinel for one number: a hex number keeps its ``0x`` (and stays hex)."""
+    token = m.group(0)
+    head = token[:2] if token[1:2] in ("x", "X") else ""
+    return head + str(_SENTINEL_BASE + next(numbers))
+
+
 def _learn(message: str, runs: list[str], real: Fields | None) -> object:
     """The sentinel fields of a message's shape, or ``_UNTRUSTED``."""
     numbers = iter(range(len(runs)))
-    marked = _DIGITS.sub(lambda _m: str(_SENTINEL_BASE + next(numbers)), message)
+    marked = _NUMBERS.sub(lambda m: _sentinel(m, numbers), message)
     template = _parse(marked, None)
     if template is None or real is None:
         return None if template is None and real is None else _UNTRUSTED
@@ -136,7 +147,7 @@ def _fill(value: Any, runs: list[str]) -> Any:
         return value
     if isinstance(value, int):
         i = abs(value) - _SENTINEL_BASE
-        if 0 <= i < len(runs):
+        if 0 <= i < len(runs) and runs[i].isdigit():
             return int(runs[i]) if value >= 0 else -int(runs[i])
         return value
     if isinstance(value, str):
