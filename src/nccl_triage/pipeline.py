@@ -197,7 +197,10 @@ class _Input:
     read: list[tuple[int, int]] = field(default_factory=list)  # [first, end) ranges it read
     failures_seen: int = 0  # of parser.failure_lines
     # candidates peeled and matched (per segment), kept until the windows are read
-    peeled: dict[int, tuple[list[Line], list[list[int]]]] = field(default_factory=dict)
+    # (and, for a line read by its shape, what its searches found)
+    peeled: dict[int, tuple[list[Line], list[list[int]], list[Searched] | None]] = field(
+        default_factory=dict
+    )
     # the same bytes seen on another line (a log that repeats a line verbatim): peeled and
     # matched once
     same: dict[bytes, _Read] = field(default_factory=dict)
@@ -323,7 +326,7 @@ class Triage:
                 inp.parser.feed(cand, read.lines, read.at, read.count)
             if self.ruleset.signals:
                 if len(read.lines) == read.count:  # all of it: the context windows reuse it
-                    inp.peeled[cand.lineno] = (read.lines, read.hits)
+                    inp.peeled[cand.lineno] = (read.lines, read.hits, None)
                 for line, found in zip(read.lines, read.hits, strict=True):
                     inp.signals.feed(line, found)
         if self.ruleset.signals:
@@ -369,7 +372,11 @@ class Triage:
         for line, part in zip(lines, shape.parts, strict=True):
             signals.feed(line, part.hits, known=part.searched)
         if len(lines) == shape.count:  # all of it: the context windows reuse it
-            inp.peeled[lineno] = (lines, [part.hits for part in shape.parts])
+            inp.peeled[lineno] = (
+                lines,
+                [part.hits for part in shape.parts],
+                [part.searched for part in shape.parts],
+            )
         return True
 
     def _learn_shape(self, inp: _Input, cand: Candidate, key: bytes) -> bool:
@@ -399,7 +406,7 @@ class Triage:
                 _Part(start, stop, plen, {text[:plen]: _line_fields(line)}, hits, searched)
             )
         if len(read.lines) == read.count:
-            inp.peeled[cand.lineno] = (read.lines, read.hits)
+            inp.peeled[cand.lineno] = (read.lines, read.hits, None)
         if len(self._shapes) >= SHAPES:
             self._shapes.clear()
         self._shapes[key] = _Shape(read.count, parts) if parts else None
@@ -528,13 +535,14 @@ class Triage:
             lo, hi = max(w[0], inp.read_to + 1, first), min(w[1], end)
             if lo < hi:
                 for lineno, raw in history.lines(lo, hi):
-                    known = inp.peeled.get(lineno)
-                    if known is None:
+                    kept = inp.peeled.get(lineno)
+                    if kept is None:
                         for line in peel_raw(inp.source, lineno, raw):
                             inp.context.feed(line)
                     else:
-                        for line, found in zip(*known, strict=True):
-                            inp.context.feed(line, found)
+                        lines, hits, searched = kept
+                        for i, line in enumerate(lines):
+                            inp.context.feed(line, hits[i], searched[i] if searched else None)
                 inp.read_to = hi - 1
                 if inp.read and inp.read[-1][1] >= lo:
                     inp.read[-1] = (inp.read[-1][0], hi)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from nccl_triage.diagnose.progress import Progress, parse_progress
-from nccl_triage.diagnose.signals import SignalClassifier, event_of
+from nccl_triage.diagnose.signals import Searched, SignalClassifier, event_of
 from nccl_triage.model import Event, Line, PrefixKind, Signal
 from nccl_triage.model.fields import LAST_OUTPUT, PROGRESS
 
@@ -45,12 +45,19 @@ class ContextClassifier:
         self._progress: dict[tuple[int | None, str], Event] = {}
         # per process (its local rank, where a tee prefix gives one, else its rank): its last
         # own line before its first failure line
-        self._last: dict[tuple[str, int | None], Event] = {}
+        # (the line and the signals it started; its event is built when asked for)
+        self._last: dict[tuple[str, int | None], tuple[Line, str]] = {}
         self._failed: set[tuple[str, int | None]] = set()
 
-    def feed(self, line: Line, hits: list[int] | None = None) -> None:
-        """Classify one line of a window (``hits``: :meth:`SignalClassifier.hits`, if known)."""
-        started = self._signals.feed(line, hits)
+    def feed(
+        self, line: Line, hits: list[int] | None = None, known: Searched | None = None
+    ) -> None:
+        """Classify one line of a window.
+
+        ``hits``: :meth:`SignalClassifier.hits`, if known; ``known``: what the searches of a
+        line of the same shape found (see :meth:`SignalClassifier.feed`).
+        """
+        started = self._signals.feed(line, hits, known=known)
         text = line.message or line.text
         lead = next((p.text for p in line.prefixes if p.kind == PrefixKind.LEAD), "")
         bar = parse_progress(lead + text) if ("%" in text or "/" in text or lead) else None
@@ -62,9 +69,7 @@ class ContextClassifier:
         if self._failure_text.search(text):
             self._failed.add(who)
         elif not _NOT_OUTPUT.match(text):
-            self._last[who] = event_of(
-                line, LAST_OUTPUT, {"signals": _ids(e.kind for e in started)}
-            )
+            self._last[who] = (line, _ids(e.kind for e in started))
 
     def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
         key = (line.rank, _bar_key(bar.desc))
@@ -92,7 +97,8 @@ class ContextClassifier:
 
     def events(self) -> list[Event]:
         """Signal, progress and last-output events, in line order."""
-        out = [*self._signals.events, *self._progress.values(), *self._last.values()]
+        last = [event_of(line, LAST_OUTPUT, {"signals": ids}) for line, ids in self._last.values()]
+        out = [*self._signals.events, *self._progress.values(), *last]
         return sorted(out, key=lambda e: e.line)
 
 
