@@ -11,6 +11,12 @@ joining and deduplication (:mod:`nccl_triage.parse`), the context signals
 (:mod:`nccl_triage.diagnose.signals`); then, for the whole job, the facts across ranks and the
 rule engine (:mod:`nccl_triage.diagnose`). A job's flight-recorder dumps, when it has some
 (:mod:`nccl_triage.flightrec`), are read once for the job and join its facts.
+
+Each candidate line is read once, for the grammar, the signals and the context windows. A
+line holding only a signal's anchor skips the grammar, and is read by its shape (the line with
+its digits masked): the first line of a shape in full, the next ones from what it found (see
+:meth:`Triage._by_shape`). Most candidate lines of a real log are such lines: the training
+loop's progress, printed thousands of times.
 """
 
 from __future__ import annotations
