@@ -97,7 +97,7 @@ class AnalyserLink:
         self._queue: deque[bytes] = deque()
         self._queued = 0
         self._gap: list[Any] | None = None  # [bytes, newlines, tail] dropped before the queue
-        self._out = b""  # the frame being written
+        self._out = memoryview(b"")  # what is left of the frame being written (no copies)
         self.alive = True
         self.dropped_bytes = 0
 
@@ -142,7 +142,7 @@ class AnalyserLink:
         """Write as much as the pipe takes without blocking."""
         while self.alive:
             if not self._out:
-                self._out = self._next_frame()
+                self._out = memoryview(self._next_frame())
                 if not self._out:
                     return
             try:
@@ -159,16 +159,16 @@ class AnalyserLink:
         self._queue.clear()
         self._queued = 0
         self._gap = None
-        self._out = b""
+        self._out = memoryview(b"")
 
     def finish(self, end: dict[str, Any], timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Send the backlog and the end frame (within ``timeout``), then close the pipe."""
         if self.alive:
-            frames = [self._out] if self._out else []
-            while frame := self._next_frame():
-                frames.append(frame)
+            frames: list[bytes | memoryview] = [self._out] if self._out else []
+            while nxt := self._next_frame():
+                frames.append(nxt)
             frames.append(encode_frame(FRAME_END, json.dumps(end).encode()))
-            self._out = b""
+            self._out = memoryview(b"")
             deadline = time.monotonic() + timeout
             for frame in frames:
                 view = memoryview(frame)
