@@ -40,7 +40,7 @@ from nccl_triage.ingest.reader import (
     segment_bounds,
 )
 from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
-from nccl_triage.model import Event, Line, PrefixKind, Report, Unparsed
+from nccl_triage.model import Event, Line, Prefix, PrefixKind, Report, Unparsed
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
@@ -124,8 +124,23 @@ def _shapes_of(ruleset: Ruleset) -> dict[bytes, _Shape | None]:
     return hit[1]
 
 
-def _line_fields(line: Line) -> tuple[object, ...]:
-    """What a line's prefixes say: Line's fields after ``message``, in their order."""
+# What a line's prefixes say: Line's fields after ``message``, in their order.
+_LineFields = tuple[
+    tuple[Prefix, ...],  # prefixes
+    int | None,  # rank
+    int | None,  # local_rank
+    str | None,  # role
+    str | None,  # host
+    int | None,  # pid
+    str | None,  # severity
+    str | None,  # time
+    float | None,  # ts
+    str | None,  # clock
+]
+
+
+def _line_fields(line: Line) -> _LineFields:
+    """What a line's prefixes say (see :data:`_LineFields`)."""
     return (
         line.prefixes,
         line.rank,
@@ -174,7 +189,7 @@ class _Part:
     start: int
     stop: int
     plen: int  # characters of prefixes before the message
-    fields: dict[str, tuple[object, ...]]  # prefixes' text -> what they say (Line's fields)
+    fields: dict[str, _LineFields]  # prefixes' text -> what they say
     hits: list[int]  # patterns to try: the blind ones the first line's had, and the others
     searched: Searched  # what the searches blind to digits found
 
@@ -372,7 +387,7 @@ class Triage:
                 if len(part.fields) < SHAPE_PREFIXES:  # not a time that changes at every line
                     part.fields[head] = _line_fields(line)
             else:
-                line = Line(source, lineno, text, text[part.plen :], *fields)  # type: ignore[arg-type]
+                line = Line(source, lineno, text, text[part.plen :], *fields)
             lines.append(line)
         signals = inp.signals
         for line, part in zip(lines, shape.parts, strict=True):
