@@ -140,3 +140,30 @@ def test_digit_blind_patterns() -> None:
     assert not digit_blind(r"[0-5]")
     assert not digit_blind(r"\x30")
     assert not digit_blind(r"a\{3\}")
+
+
+def _example_lines() -> list[str]:
+    """Every example line of every signal (must match and must not), as the rules give them."""
+    return sorted({ex.line for sig in RULESET.signals for ex in sig.examples})
+
+
+@pytest.mark.parametrize("line", _example_lines())
+def test_every_signal_example_with_other_digits_reads_alike(
+    line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real lines of every signal, their digits changed at random (the same shape, other
+    values), behind prefixes and alone: read by shape, they give the report of reading each."""
+    import random
+
+    rng = random.Random(line)
+    variants = []
+    for prefix in ("", "[default1]:", "[rank3]:[2024-10-22 10:48:56,326] "):
+        for _ in range(4):
+            digits = "".join(rng.choice("0123456789") if c.isdigit() else c for c in line)
+            variants.append(prefix + digits)
+    text = "\n".join(variants) + "\n"
+    by_shape = triage_text(text, RULESET)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHAPE_BYTES", -1)
+        each = triage_text(text, RULESET)
+    assert full(by_shape) == full(each)
