@@ -869,3 +869,63 @@ BF12 = (Path(__file__).parent / "corpus/blind-forums/bf12.log").read_text("utf-8
 def test_nccl_errors_without_their_prefix_or_inside_prose(line: str) -> None:
     [ev] = parse_text(line + "\n").events
     assert ev.kind == "nccl_warn" and ev.detail.get("severity") == "error"
+
+
+_START_PIECES = [
+    " ",
+    "\t",
+    "\u00a0",
+    "[",
+    "]",
+    "[rank3]:",
+    "[E1022 10:11:12.123 ProcessGroupNCCL.cpp:632]",
+    "[W socket.cpp:1]",
+    "[Rank 0]",
+    "host:1:2 [0] NCCL INFO",
+    "NCCL WARN",
+    "what():",
+    "terminate called after throwing",
+    "Exception raised from c10",
+    "Traceback (most recent call last):",
+    "torch.distributed.DistBackendError:",
+    "x",
+    "rank",
+    "E",
+]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(_START_PIECES), max_size=14))
+def test_the_cheap_test_never_misses_where_a_message_may_start(pieces: list[str]) -> None:
+    """Wherever _NEXT_MESSAGE finds the start of another message, the cheap test says so."""
+    from nccl_triage.parse.lines import _NEXT_MESSAGE, _may_start_another
+
+    text = "".join(pieces)
+    if _NEXT_MESSAGE.search(text):
+        assert _may_start_another(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x [E1022 10:11:12.123 ProcessGroupNCCL.cpp:632] a",
+        "x [W socket.cpp:1] a",
+        "x [I ProcessGroupNCCL.cpp:9] a",
+        "x [F c10d.py:3] a",
+        "x [rank3]:[E socket.cpp:1] a",
+        "x\t[rank3]: a",
+        "x\u00a0[rank3]: a",
+        "x terminate called after throwing an instance",
+        "x what(): boom",
+        "x Exception raised from c10d",
+        "x Traceback (most recent call last):",
+        "x host:1:2 [0] NCCL INFO a",
+        "x host:1:2 [0] WARN a",
+        "x torch.distributed.DistBackendError: a",
+    ],
+)
+def test_each_start_of_a_message_passes_the_cheap_test(text: str) -> None:
+    from nccl_triage.parse.lines import _NEXT_MESSAGE, _may_start_another
+
+    assert _NEXT_MESSAGE.search(text)
+    assert _may_start_another(text)

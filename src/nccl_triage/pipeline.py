@@ -446,8 +446,13 @@ class Triage:
         if b"\r" not in raw:  # one segment (most lines)
             lines = peel_segments(inp.source, cand)
             hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
-            spans = None
-            if len(lines) == 1 and is_plain(raw) and lines[0].text == raw.decode("utf-8"):
+            spans = None  # (only a signal's line can be read by its shape: the others need none)
+            if (
+                not cand.grammar
+                and len(lines) == 1
+                and is_plain(raw)
+                and lines[0].text == raw.decode("utf-8")
+            ):
                 spans = [(0, len(raw))]
             return _Read(len(lines), list(range(len(lines))), lines, hits, spans)
         fast = self._redrawn(inp, cand)

@@ -294,9 +294,31 @@ _NEXT_MESSAGE = re.compile(
     r"|torch\.(?:distributed\.)?\w+Error:)"
 )
 _FLAT_MIN = 48  # shorter lines hold one message
-# Every start of a message in _NEXT_MESSAGE holds a "[" past the line's first character or
-# one of these: a line with neither is one message.
-_NEXT_WORDS = ("terminate called", "what():", "Exception raised from", "Traceback (", "torch.")
+# Every start of a message in _NEXT_MESSAGE holds one of these, or is a "[" after a space and
+# before "rank" or a c10 header's level (E, W, I, F): a line with none is one message.
+_NEXT_WORDS = (
+    "terminate called",
+    "what():",
+    "Exception raised from",
+    "Traceback (",
+    "torch.",
+    "INFO",  # an NCCL line's "host:pid:tid [dev] NCCL INFO"
+    "WARN",
+)
+
+
+def _may_start_another(text: str) -> bool:
+    """Whether a message of _NEXT_MESSAGE may start inside ``text`` (a cheap test first)."""
+    if any(w in text for w in _NEXT_WORDS):
+        return True
+    i = text.find("[", 1)
+    while i > 0:
+        if text[i - 1].isspace() and (
+            text.startswith("rank", i + 1) or text[i + 1 : i + 2] in ("E", "W", "I", "F")
+        ):
+            return True
+        i = text.find("[", i + 1)
+    return False
 
 
 def split_flattened(text: str) -> list[str]:
@@ -305,7 +327,7 @@ def split_flattened(text: str) -> list[str]:
     A split needs a whole message before it: text that holds an anchor and more than the
     prefixes (``[rank0]: what(): ...`` and a launcher's prefix before a header stay one).
     """
-    if len(text) < _FLAT_MIN or (text.find("[", 1) < 0 and not any(w in text for w in _NEXT_WORDS)):
+    if len(text) < _FLAT_MIN or not _may_start_another(text):
         return [text]
     parts: list[str] = []
     start = 0
