@@ -167,3 +167,32 @@ def test_every_signal_example_with_other_digits_reads_alike(
         m.setattr(pipeline, "SHAPE_BYTES", -1)
         each = triage_text(text, RULESET)
     assert full(by_shape) == full(each)
+
+
+def test_shapes_are_given_up_where_they_do_not_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log whose signal lines are each of a new shape pauses shapes (learning each would cost
+    more than it saves), then takes them up again; the report is the same throughout."""
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+    lines = [
+        f"[default{i % 4}]:Saving model checkpoint to /ckpt/{w}{v}/checkpoint-{i}"
+        for i, (w, v) in enumerate((w, v) for v in words for w in words)
+    ]
+    lines += [f"[default0]:{{'loss': {i}.5, 'epoch': 0.{i}}}" for i in range(40)]
+    text = "\n".join(lines) + "\n"
+    learnt: list[int] = []
+    learn = pipeline.Triage._learn_shape
+
+    def counting(self: pipeline.Triage, inp: object, cand: object, key: bytes) -> bool:
+        learnt.append(1)
+        return learn(self, inp, cand, key)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHAPE_SAMPLE", 8)
+        m.setattr(pipeline, "SHAPE_PAUSE", 20)
+        m.setattr(pipeline, "SHAPES", 4)  # (a new ruleset's shapes: none learnt yet)
+        m.setattr(pipeline.Triage, "_learn_shape", counting)
+        by_shape = triage_text(text, RULESET)
+        m.setattr(pipeline, "SHAPE_BYTES", -1)
+        each = triage_text(text, RULESET)
+    assert full(by_shape) == full(each)
+    assert 0 < len(learnt) < 64  # paused for some of the 64 new shapes

@@ -97,6 +97,9 @@ SAME_LINE_BYTES = 2048
 SHAPES = 2048
 SHAPE_BYTES = 4096
 SHAPE_PREFIXES = 64
+# Shapes are given up for SHAPE_PAUSE lines when most of the last SHAPE_SAMPLE were new ones.
+SHAPE_SAMPLE = 4096
+SHAPE_PAUSE = 65536
 _MASK = bytes.maketrans(b"123456789", b"000000000")
 _UNKNOWN = object()
 
@@ -228,6 +231,11 @@ class _Input:
     sniffed: int = 0  # bytes looked at for NULs (the first SNIFF_BYTES)
     nul_bytes: int = 0  # control bytes no text log has (NUL, BEL, ...; not tab, ESC, CR, LF)
     held: deque[Candidate] = field(default_factory=deque)  # the last ones, past the budget
+    # lines looked up by shape lately, those of a new shape, and lines to read without shapes
+    # (where shapes do not repeat, learning each costs more than it saves)
+    shape_tries: int = 0
+    shape_new: int = 0
+    shape_pause: int = 0
     skipped: int = 0  # candidates past the budget that were not read
 
 
@@ -367,9 +375,18 @@ class Triage:
         raw = cand.raw
         if len(raw) > SHAPE_BYTES:
             return False
+        if inp.shape_pause:
+            inp.shape_pause -= 1
+            return False
+        inp.shape_tries += 1
+        if inp.shape_tries >= SHAPE_SAMPLE:
+            if inp.shape_new * 2 > inp.shape_tries:  # most lines of a new shape: pause
+                inp.shape_pause = SHAPE_PAUSE
+            inp.shape_tries = inp.shape_new = 0
         key = raw.translate(_MASK)
         shape = self._shapes.get(key, _UNKNOWN)
         if shape is _UNKNOWN:
+            inp.shape_new += 1
             return self._learn_shape(inp, cand, key)
         if shape is None:
             return False

@@ -76,7 +76,9 @@ _SEEN_MAX = 64
 
 _Prefilters = tuple[RegexSet, RegexSet, list[int], list[int]]
 # per pattern: blind to digits; per signal: its exclusions blind; the others with their anchors
-_Shapes = tuple[list[bool], dict[str, bool], list[tuple[int, tuple[bytes, ...]]]]
+# (masked), and one pattern finding any of those anchors (None: one of them has none)
+_Seeing = tuple[list[tuple[int, tuple[bytes, ...]]], "re.Pattern[bytes] | None"]
+_Shapes = tuple[list[bool], dict[str, bool], _Seeing]
 _Bundle = tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]], _Shapes]
 
 
@@ -121,7 +123,14 @@ def _shapes(signals: tuple[Signal, ...]) -> _Shapes:
                 seeing.append((len(blind), tuple(a.encode().translate(mask) for a in anchors)))
             blind.append(ok)
     excludes = {sig.id: all(digit_blind(x) for x in sig.exclude) for sig in signals}
-    return blind, excludes, seeing
+    masked = sorted({a for _i, some in seeing for a in some}, key=len, reverse=True)
+    # literals only (escaped): a linear search, whatever the rules say
+    any_anchor = (
+        re.compile(b"|".join(re.escape(a) for a in masked))
+        if masked and all(some for _i, some in seeing)
+        else None
+    )
+    return blind, excludes, (seeing, any_anchor)
 
 
 def _by_anchor(signals: tuple[Signal, ...]) -> dict[bytes, tuple[int, ...]]:
@@ -309,9 +318,10 @@ class SignalClassifier:
         ``masked`` is the text's bytes with every digit a ``0``: a pattern whose anchors,
         masked alike, are not in it cannot match (nor one without anchors be ruled out).
         """
-        return [
-            i for i, anchors in self._seeing if not anchors or any(a in masked for a in anchors)
-        ]
+        seeing, any_anchor = self._seeing
+        if any_anchor is not None and any_anchor.search(masked) is None:
+            return []  # (most lines: none of their anchors)
+        return [i for i, anchors in seeing if not anchors or any(a in masked for a in anchors)]
 
     def _last_line(self, i: int) -> int:
         growth = self._grown.get(i)
