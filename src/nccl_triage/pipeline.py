@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING, cast
 
 from nccl_triage.diagnose.context import ContextClassifier
-from nccl_triage.diagnose.signals import Searched, SignalClassifier, scan_anchors
+from nccl_triage.diagnose.signals import PerSignals, Searched, SignalClassifier, scan_anchors
 from nccl_triage.diagnose.verdict import build_report
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import (
@@ -40,7 +40,7 @@ from nccl_triage.ingest.reader import (
     segment_bounds,
 )
 from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
-from nccl_triage.model import Event, Line, Prefix, PrefixKind, Report, Unparsed
+from nccl_triage.model import Event, Line, Prefix, PrefixKind, Report, Signal, Unparsed
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
@@ -55,7 +55,7 @@ def grammar_patterns() -> tuple[str, ...]:
     return tuple(dict.fromkeys((*ANCHORS, *(regex_anchor(r) for r in REGEX_ANCHORS))))
 
 
-_SCAN_PATTERNS: dict[tuple[int, ...], tuple[list[object], tuple[str, ...]]] = {}
+_SCAN_PATTERNS: PerSignals[tuple[str, ...]] = PerSignals(64)
 
 
 def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
@@ -64,18 +64,11 @@ def scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
     The grammar's literals, the signals' literals, and the signal patterns that have no
     literal anchor (as regular expressions). Computed once per list of signals.
     """
-    key = tuple(map(id, ruleset.signals))
-    hit = _SCAN_PATTERNS.get(key)
-    if hit is None:
-        if len(_SCAN_PATTERNS) >= 64:
-            _SCAN_PATTERNS.clear()
-        # the signals are kept with their ids, so that no other object takes one of them
-        hit = _SCAN_PATTERNS[key] = (list(ruleset.signals), _scan_patterns(ruleset))
-    return hit[1]
+    return _SCAN_PATTERNS.get(ruleset.signals, _scan_patterns)
 
 
-def _scan_patterns(ruleset: Ruleset) -> tuple[str, ...]:
-    literals, regexes = scan_anchors(ruleset.signals)
+def _scan_patterns(signals: tuple[Signal, ...]) -> tuple[str, ...]:
+    literals, regexes = scan_anchors(signals)
     regexes = (*REGEX_ANCHORS, *regexes)
     return tuple(dict.fromkeys((*ANCHORS, *literals, *(regex_anchor(r) for r in regexes))))
 
@@ -107,7 +100,7 @@ _UNKNOWN = object()
 # The shapes learnt, per list of signals (by the identity of its members, kept alive here) and
 # scan engine: a batch's jobs and a live job's updates share them, as the grammar's message
 # shapes are shared (a shape depends on nothing else).
-_SHAPES_OF: dict[tuple[object, ...], tuple[list[object], dict[bytes, _Shape | None]]] = {}
+_SHAPES_OF: PerSignals[dict[bytes, _Shape | None]] = PerSignals(16)
 
 
 def _shapes_of(ruleset: Ruleset) -> dict[bytes, _Shape | None]:
@@ -118,13 +111,7 @@ def _shapes_of(ruleset: Ruleset) -> dict[bytes, _Shape | None]:
         engine = engine_choice()
     except TriageError:  # said when the scan starts
         engine = "?"
-    key = (engine, *map(id, ruleset.signals))
-    hit = _SHAPES_OF.get(key)
-    if hit is None:
-        if len(_SHAPES_OF) >= 16:
-            _SHAPES_OF.clear()
-        hit = _SHAPES_OF[key] = (list(ruleset.signals), {})
-    return hit[1]
+    return _SHAPES_OF.get(ruleset.signals, lambda _signals: {}, extra=engine)
 
 
 # What a line's prefixes say: Line's fields after ``message``, in their order.
@@ -512,10 +499,7 @@ class Triage:
             "list[tuple[int, int, set[bytes] | None]] | None", engine.redrawn_parts(raw, end)
         )
         if spans is None:  # the engine cannot name the anchors: each part searched alone
-            bounds, start = [], 0
-            for part in raw[:end].split(b"\r"):
-                bounds.append((start, start + len(part)))
-                start += len(part) + 1
+            bounds = segment_bounds(raw) or []
             spans = [(*bounds[i], None) for i in engine.parts_with_anchors(raw, bounds)]
         source, lineno = inp.source, cand.lineno
         lines = [peel(Line(source, lineno, raw[s:e].decode("utf-8"))) for s, e, _a in spans]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import cache
-from typing import Any
+from typing import Generic, TypeVar
 
 from nccl_triage.ingest.regex import BytesSearcher, RegexSet, bytes_searcher, compile_set
 from nccl_triage.model import Detail, Event, Line, Signal
@@ -68,10 +68,36 @@ def _prefilters(patterns: tuple[_Compiled, ...]) -> tuple[RegexSet, RegexSet, li
     )
 
 
-# The compiled patterns and prefilters of the signal lists seen, by the identity of their
-# members (a dataclass hashes all its fields at every call: a third of opening an input).
-_SEEN: dict[tuple[int, ...], tuple[tuple[Signal, ...], Any]] = {}
-_SEEN_MAX = 64
+_T = TypeVar("_T")
+
+
+class PerSignals(Generic[_T]):
+    """Values made once per list of signals (and ``extra``), found again by its members' identity.
+
+    A dataclass hashes all its fields at every call (a third of opening an input): the key is
+    their ids instead, and the signals are kept with the value so that no other object takes
+    one of those ids while it is held. At most ``limit`` lists are held.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._held: dict[tuple[object, ...], tuple[tuple[Signal, ...], _T]] = {}
+
+    def get(
+        self,
+        signals: Iterable[Signal],
+        make: Callable[[tuple[Signal, ...]], _T],
+        extra: object = None,
+    ) -> _T:
+        """The value for these signals, made by ``make`` the first time."""
+        sigs = tuple(signals)
+        key = (extra, *map(id, sigs))
+        hit = self._held.get(key)
+        if hit is None:
+            if len(self._held) >= self._limit:
+                self._held.clear()
+            hit = self._held[key] = (sigs, make(sigs))
+        return hit[1]
 
 
 _Prefilters = tuple[RegexSet, RegexSet, list[int], list[int]]
@@ -82,19 +108,17 @@ _Shapes = tuple[list[bool], dict[str, bool], _Seeing]
 _Bundle = tuple[tuple[_Compiled, ...], _Prefilters, dict[bytes, tuple[int, ...]], _Shapes]
 
 
+def _bundle(sigs: tuple[Signal, ...]) -> _Bundle:
+    patterns = _compile(sigs)
+    return patterns, _prefilters(patterns), _by_anchor(sigs), _shapes(sigs)
+
+
+# The compiled patterns, prefilters and shapes' facts of the signal lists seen.
+_BUNDLES: PerSignals[_Bundle] = PerSignals(64)
+
+
 def _compiled(signals: Iterable[Signal]) -> _Bundle:
-    sigs = tuple(signals)
-    key = tuple(map(id, sigs))
-    hit = _SEEN.get(key)
-    if hit is None:
-        patterns = _compile(sigs)
-        if len(_SEEN) >= _SEEN_MAX:
-            _SEEN.clear()
-        # the signals are kept with their ids, so that no other object takes one of them
-        bundle = (patterns, _prefilters(patterns), _by_anchor(sigs), _shapes(sigs))
-        hit = _SEEN[key] = (sigs, bundle)
-    result: _Bundle = hit[1]
-    return result
+    return _BUNDLES.get(signals, _bundle)
 
 
 _ESCAPE = re.compile(r"\\.")
