@@ -59,7 +59,11 @@ class ContextClassifier:
         """
         started = self._signals.feed(line, hits, known=known)
         text = line.message or line.text
-        lead = next((p.text for p in line.prefixes if p.kind == PrefixKind.LEAD), "")
+        lead = ""
+        for p in line.prefixes:
+            if p.kind == PrefixKind.LEAD:
+                lead = p.text
+                break
         bar = parse_progress(lead + text) if ("%" in text or "/" in text or lead) else None
         if bar is not None:
             self._note_progress(line, bar, [e.kind for e in started])
@@ -69,7 +73,7 @@ class ContextClassifier:
         if self._failure_text.search(text):
             self._failed.add(who)
         elif not _NOT_OUTPUT.match(text):
-            self._last[who] = (line, _ids(e.kind for e in started))
+            self._last[who] = (line, _ids(e.kind for e in started) if started else "")
 
     def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
         key = (line.rank, _bar_key(bar.desc))

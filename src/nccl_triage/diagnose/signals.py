@@ -275,58 +275,83 @@ class SignalClassifier:
         search cannot tell digits apart: :meth:`shape_blind`); ``learn`` receives those
         searches' results for the lines of its shape to come.
         """
-        started: list[Event] = []
-        text = line.text
-        seen: set[str] = set()
         if hits is None:
             hits = self.hits(line)
+        started: list[Event] = []
         if not hits:
             return started
-        text_b = text.encode("utf-8")
-        message_b = line.message.encode("utf-8")
+        # the line's bytes are encoded when a search needs them (a line of a known shape and
+        # an open run needs none)
+        text_b: bytes | None = None
+        message_b: bytes | None = None
+        seen: set[str] | None = None
         patterns, blind = self._patterns, self._blind
+        spans_known = known.spans if known is not None else None
         for i in hits:
             pat = patterns[i]
-            if pat.signal_id in seen:
+            sid = pat.signal_id
+            if seen is not None and sid in seen:
                 continue
-            data = message_b if pat.on_message else text_b
-            if known is not None and i in known.spans:
-                spans = known.spans[i]
+            data: bytes | None = None
+            if spans_known is not None and i in spans_known:
+                spans = spans_known[i]
             else:
+                if pat.on_message:
+                    if message_b is None:
+                        message_b = line.message.encode("utf-8")
+                    data = message_b
+                else:
+                    if text_b is None:
+                        text_b = line.text.encode("utf-8")
+                    data = text_b
                 spans = pat.regex.spans(data)
                 if learn is not None and blind[i]:
                     learn.spans[i] = spans
             if spans is None:
                 continue
-            seen.add(pat.signal_id)
-            if pat.exclude is not None and self._excluded(pat, text_b, known, learn):
-                continue
-            key = (pat.signal_id, line.rank, pat.name)
+            if seen is None:
+                seen = {sid}
+            else:
+                seen.add(sid)
+            if pat.exclude is not None:
+                if known is not None and sid in known.excluded:
+                    if known.excluded[sid]:
+                        continue
+                else:
+                    if text_b is None:
+                        text_b = line.text.encode("utf-8")
+                    if self._excluded(pat, text_b, learn):
+                        continue
+            key = (sid, line.rank, pat.name)
             run = self._open.get(key)
-            if run is not None and line.lineno - self._last_line(run) <= RUN_GAP_LINES:
+            if run is not None:
                 growth = self._grown.get(run)
-                if growth is None:
-                    growth = self._grown[run] = _Growth()
-                growth.add(line, self._events[run].ts)
-                continue
-            detail: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
-            detail.update(pat.regex.named(data, spans))
-            ev = event_of(line, pat.signal_id, detail)
+                if growth is not None:
+                    last = growth.last_line
+                else:
+                    detail = self._events[run].detail
+                    last = int(detail.get("last_line") or self._events[run].line)
+                if line.lineno - last <= RUN_GAP_LINES:
+                    if growth is None:
+                        growth = self._grown[run] = _Growth()
+                    growth.add(line, self._events[run].ts)
+                    continue
+            if data is None:
+                data = line.message.encode("utf-8") if pat.on_message else line.text.encode("utf-8")
+            detail_new: dict[str, str | int | None] = {"pattern": pat.name, "count": 1}
+            detail_new.update(pat.regex.named(data, spans))
+            ev = event_of(line, sid, detail_new)
             self._open[key] = len(self._events)
             self._events.append(ev)
             started.append(ev)
         return started
 
-    def _excluded(
-        self, pat: _Compiled, text_b: bytes, known: Searched | None, learn: Searched | None
-    ) -> bool:
-        sid = pat.signal_id
-        if known is not None and sid in known.excluded:
-            return known.excluded[sid]
+    def _excluded(self, pat: _Compiled, text_b: bytes, learn: Searched | None) -> bool:
+        """Whether the signal's near-miss patterns match the line (learnt for its shape)."""
         assert pat.exclude is not None
         out = pat.exclude.spans(text_b) is not None
-        if learn is not None and self._blind_exclude.get(sid, False):
-            learn.excluded[sid] = out
+        if learn is not None and self._blind_exclude.get(pat.signal_id, False):
+            learn.excluded[pat.signal_id] = out
         return out
 
     def shape_blind(self, i: int) -> bool:
@@ -346,13 +371,6 @@ class SignalClassifier:
         if any_anchor is not None and any_anchor.search(masked) is None:
             return []  # (most lines: none of their anchors)
         return [i for i, anchors in seeing if not anchors or any(a in masked for a in anchors)]
-
-    def _last_line(self, i: int) -> int:
-        growth = self._grown.get(i)
-        if growth is not None:
-            return growth.last_line
-        run = self._events[i]
-        return int(run.detail.get("last_line") or run.line)
 
 
 @dataclass(slots=True)

@@ -89,6 +89,32 @@ class BytesSearcher:
         return out
 
 
+class TextSearcher:
+    """An RE2 pattern searched in a text only to know whether it matches (no match object).
+
+    The text's UTF-8 is searched by the compiled pattern directly where the wrapper exposes
+    it: a third of the wrapper's ``search`` on a short line, which converts offsets and
+    builds a match.
+    """
+
+    __slots__ = ("_compiled", "_match")
+
+    def __init__(self, pattern: str, ignore_case: bool = False) -> None:
+        options = re2.Options()
+        options.case_sensitive = not ignore_case
+        options.never_capture = True
+        self._compiled = re2.compile(pattern.encode("utf-8"), options)
+        regexp = getattr(self._compiled, "_regexp", None)
+        self._match = None if regexp is None or _UNANCHORED is None else regexp.Match
+
+    def search(self, text: str) -> bool:
+        """Whether the pattern matches somewhere in ``text``."""
+        data = text.encode("utf-8")
+        if self._match is None:
+            return self._compiled.search(data) is not None
+        return bool(self._match(_UNANCHORED, data, 0, len(data))[0][0] >= 0)
+
+
 @cache
 def bytes_searcher(pattern: str, ignore_case: bool = False) -> BytesSearcher:
     """:func:`compile_bytes_regex`'s pattern as a :class:`BytesSearcher`."""

@@ -48,9 +48,13 @@ _VECTOR = 1 << 20  # a range this large has its newlines found by numpy in one p
 _np: Any = None  # the numpy module, once imported
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Candidate:
-    r"""A physical line that holds an anchor, with its neighbours (raw bytes, no ``\n``)."""
+    r"""A physical line that holds an anchor, with its neighbours (raw bytes, no ``\n``).
+
+    Never changed once made (not frozen: a frozen dataclass costs twice as much to build,
+    and the scan builds one per candidate line).
+    """
 
     lineno: int
     raw: bytes

@@ -13,7 +13,7 @@ from typing import Any, overload
 
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import segments
-from nccl_triage.ingest.regex import compile_regex
+from nccl_triage.ingest.regex import TextSearcher
 from nccl_triage.ingest.scan import Candidate
 from nccl_triage.model import Detail, Event, Kind, Line, Unparsed, is_failure
 from nccl_triage.parse.anatomy import peel
@@ -35,7 +35,7 @@ _STRONG_START = re.compile(
 # The grammar's anchors over a segment's text, in RE2 as the scan reads them (ASCII \d, \w
 # and \b): a segment the scan's anchors do not hold never holds one of these. RE2 is about 5x
 # faster than re on this alternation of a hundred phrases.
-ANCHOR_RE = compile_regex(
+ANCHOR_RE = TextSearcher(
     "|".join(
         [re.escape(a) for a in sorted(ANCHORS, key=len, reverse=True)]
         + [f"(?:{r})" for r in REGEX_ANCHORS]
