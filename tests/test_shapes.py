@@ -40,6 +40,15 @@ TEMPLATES = [
     '{"log": "Saving model checkpoint to /x/D", "host": "node-D"}',
     "{\"msg\": \"{'loss': D.D, 'epoch': D.D}\"}",
     "[defaultR]:step D done in D.D s",
+    # lines that are no rank's own output (a traceback), and one whose digits decide it
+    (
+        '[defaultR]:  File "/usr/local/lib/python3.8/dist-packages/deepspeed/runtime/engine.py", '
+        "line D, in _configure_distributed_model"
+    ),
+    (
+        "(RayWorkerVllm pid=D) frame #D: c10::Error::Error(c10::SourceLocation, std::string) + "
+        "DxD (DxDfdc6810f617 in /usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)"
+    ),
     # patterns whose digits decide (their anchors hold none)
     "[D.D] Xid 7D detected on GPU 0000:D:00.0",
     "Average Precision (AP) @[ IoU=0.50:0.95 ] mAP@.D = 0.D",
@@ -152,7 +161,8 @@ def test_every_signal_example_with_other_digits_reads_alike(
     line: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Real lines of every signal, their digits changed at random (the same shape, other
-    values), behind prefixes and alone: read by shape, they give the report of reading each."""
+    values), behind prefixes and alone, then a failure: read by shape, they give the report
+    of reading each."""
     import random
 
     rng = random.Random(line)
@@ -161,7 +171,9 @@ def test_every_signal_example_with_other_digits_reads_alike(
         for _ in range(4):
             digits = "".join(rng.choice("0123456789") if c.isdigit() else c for c in line)
             variants.append(prefix + digits)
-    text = "\n".join(variants) + "\n"
+    # and a failure after them: its window reads them again (what each rank printed last)
+    failure = FAILURE.replace("R", "1").replace("D", "7")
+    text = "\n".join([*variants, failure]) + "\n"
     by_shape = triage_text(text, RULESET)
     with monkeypatch.context() as m:
         m.setattr(pipeline, "SHAPE_BYTES", -1)
@@ -196,3 +208,38 @@ def test_shapes_are_given_up_where_they_do_not_repeat(monkeypatch: pytest.Monkey
         each = triage_text(text, RULESET)
     assert full(by_shape) == full(each)
     assert 0 < len(learnt) < 64  # paused for some of the 64 new shapes
+
+
+def test_the_context_searches_are_blind_to_digits() -> None:
+    """A window reads a shape's lines by what its first line's searches found (a failure's
+    text; not a rank's own output): the searches must not tell the lines apart. Their regexes
+    are blind to digits, and a shape holding a grammar anchor written with a digit is searched
+    line by line."""
+    from nccl_triage.diagnose.context import _NOT_OUTPUT, _NOT_OUTPUT_DIGITS
+
+    assert not digit_blind(_NOT_OUTPUT.pattern)
+    pattern = _NOT_OUTPUT.pattern
+    for d in _NOT_OUTPUT_DIGITS:
+        pattern = pattern.replace(d.decode(), "")
+    assert digit_blind(pattern)
+    assert pipeline._ANCHORS_BLIND
+    assert b"raised from c00d::ProcessGroupNCCL::" in pipeline._DIGIT_ANCHORS
+
+
+@pytest.mark.parametrize("first", ["0", "5"])
+def test_a_digit_that_decides_what_a_rank_printed_is_read_in_every_line(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``12 0x1f ...`` is a frame of a backtrace, ``12 5x1f ...`` a rank's own output: lines of
+    one shape that the context's searches tell apart are searched each."""
+    other = "5" if first == "0" else "0"
+    text = "".join(
+        f"[default1]:12 {d}x1f Saving model checkpoint to /ckpt/{i}\n"
+        for i, d in enumerate([first, other, first])
+    )
+    text += FAILURE.replace("R", "1").replace("D", "7") + "\n"
+    by_shape = triage_text(text, RULESET)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHAPE_BYTES", -1)
+        each = triage_text(text, RULESET)
+    assert full(by_shape) == full(each)

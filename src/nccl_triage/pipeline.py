@@ -29,7 +29,13 @@ from dataclasses import dataclass, field, replace
 from typing import IO, TYPE_CHECKING, cast
 
 from nccl_triage.diagnose.context import ContextClassifier
-from nccl_triage.diagnose.signals import PerSignals, Searched, SignalClassifier, scan_anchors
+from nccl_triage.diagnose.signals import (
+    PerSignals,
+    Searched,
+    SignalClassifier,
+    digit_blind,
+    scan_anchors,
+)
 from nccl_triage.diagnose.verdict import build_report
 from nccl_triage.ingest.anchors import ANCHORS, REGEX_ANCHORS
 from nccl_triage.ingest.reader import (
@@ -95,6 +101,12 @@ SHAPE_SAMPLE = 4096
 SHAPE_PAUSE = 65536
 _MASK = bytes.maketrans(b"123456789", b"000000000")
 _UNKNOWN = object()
+# Whether the grammar's anchors find the same in every line of a shape: when their regexes are
+# blind to digits and the shape holds none of the literals with a digit (masked alike).
+_ANCHORS_BLIND = all(digit_blind(r) for r in REGEX_ANCHORS)
+_DIGIT_ANCHORS = tuple(
+    a.encode("utf-8").translate(_MASK) for a in ANCHORS if any(c.isdigit() for c in a)
+)
 
 
 # The shapes learnt, per list of signals (by the identity of its members, kept alive here) and
@@ -190,6 +202,12 @@ class _Shape:
 
     count: int
     parts: list[_Part]
+    hits: list[list[int]] = field(init=False)  # the parts' (as the context windows take them)
+    searched: list[Searched] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hits = [part.hits for part in self.parts]
+        self.searched = [part.searched for part in self.parts]
 
 
 @dataclass
@@ -379,30 +397,46 @@ class Triage:
             return False
         assert isinstance(shape, _Shape)
         source, lineno = inp.source, cand.lineno
+        parts = shape.parts
+        if len(parts) == 1:  # (most lines)
+            part = parts[0]
+            text = raw if part.stop - part.start == len(raw) else raw[part.start : part.stop]
+            text_s = text.decode("utf-8")
+            line = self._shaped_line(source, lineno, text_s, part)
+            if line is None:
+                return False
+            inp.signals.feed(line, part.hits, known=part.searched)
+            if shape.count == 1:  # all of it: the context windows reuse it
+                inp.peeled[lineno] = ([line], shape.hits, shape.searched)
+            return True
         lines: list[Line] = []
-        for part in shape.parts:
-            text = raw[part.start : part.stop].decode("utf-8")
-            head = text[: part.plen]
-            fields = part.fields.get(head)
-            if fields is None:
-                line = peel(Line(source, lineno, text))
-                if line.message != text[part.plen :]:
-                    return False  # (cannot be: a shape's prefixes end at the same place)
-                if len(part.fields) < SHAPE_PREFIXES:  # not a time that changes at every line
-                    part.fields[head] = _line_fields(line)
-            else:
-                line = Line(source, lineno, text, text[part.plen :], *fields)
-            lines.append(line)
+        for part in parts:
+            line_or_none = self._shaped_line(
+                source, lineno, raw[part.start : part.stop].decode("utf-8"), part
+            )
+            if line_or_none is None:
+                return False
+            lines.append(line_or_none)
         signals = inp.signals
-        for line, part in zip(lines, shape.parts, strict=True):
+        for line, part in zip(lines, parts, strict=True):
             signals.feed(line, part.hits, known=part.searched)
         if len(lines) == shape.count:  # all of it: the context windows reuse it
-            inp.peeled[lineno] = (
-                lines,
-                [part.hits for part in shape.parts],
-                [part.searched for part in shape.parts],
-            )
+            inp.peeled[lineno] = (lines, shape.hits, shape.searched)
         return True
+
+    @staticmethod
+    def _shaped_line(source: str, lineno: int, text: str, part: _Part) -> Line | None:
+        """A part's line, its prefixes' fields reused where the same prefix text was seen."""
+        head = text[: part.plen]
+        fields = part.fields.get(head)
+        if fields is not None:
+            return Line(source, lineno, text, text[part.plen :], *fields)
+        line = peel(Line(source, lineno, text))
+        if line.message != text[part.plen :]:
+            return None  # (cannot be: a shape's prefixes end at the same place)
+        if len(part.fields) < SHAPE_PREFIXES:  # not a time that changes at every line
+            part.fields[head] = _line_fields(line)
+        return line
 
     def _learn_shape(self, inp: _Input, cand: Candidate, key: bytes) -> bool:
         """Read the first line of a shape in full, and keep its shape when lines can share it."""
@@ -430,6 +464,9 @@ class Triage:
             parts.append(
                 _Part(start, stop, plen, {text[:plen]: _line_fields(line)}, hits, searched)
             )
+            masked = key[start:stop]
+            found_alike = _ANCHORS_BLIND and not any(a in masked for a in _DIGIT_ANCHORS)
+            inp.context.learn(line, searched, masked, found_alike)  # (windows read them alike)
         if len(read.lines) == read.count:
             inp.peeled[cand.lineno] = (read.lines, read.hits, None)
         if len(self._shapes) >= SHAPES:

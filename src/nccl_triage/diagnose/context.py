@@ -23,10 +23,13 @@ from nccl_triage.model.fields import LAST_OUTPUT, PROGRESS
 
 # Lines that are no rank's own output: tracebacks, C++ frames, separators, launcher chatter.
 _NOT_OUTPUT = re.compile(
-    r"^\s*(?:$|File \"|Traceback \(most recent|frame #\d|#\d+ |\d+\s+0x[0-9a-f]+ |-{4,}|={4,}"
+    r"^\s*(?:$|File \"|Traceback \(most recent|frame #\d|#\d+ |\d+\s+0x[\da-f]+ |-{4,}|={4,}"
     r"|\^+$|\[\w+\]$|warnings\.warn|During handling of|The above exception|Exception raised from"
     r"|terminate called|what\(\):|W\d{4} |E\d{4} |I\d{4} |\*{4,})"
 )
+# The digits _NOT_OUTPUT writes out (a frame's address), masked as line shapes are (every digit
+# a 0): where a shape holds none of them, no digit decides the match (a test checks it).
+_NOT_OUTPUT_DIGITS = (b"0x",)
 
 
 class Searcher(Protocol):
@@ -70,10 +73,30 @@ class ContextClassifier:
         who = ("local", line.local_rank) if line.local_rank is not None else ("rank", line.rank)
         if who in self._failed:
             return
-        if self._failure_text.search(text):
+        failure = known.failure_text if known is not None else None
+        if failure is None:
+            failure = bool(self._failure_text.search(text))
+        if failure:
             self._failed.add(who)
-        elif not _NOT_OUTPUT.match(text):
+            return
+        other = known.not_output if known is not None else None
+        if other is None:
+            other = _NOT_OUTPUT.match(text) is not None
+        if not other:
             self._last[who] = (line, _ids(e.kind for e in started) if started else "")
+
+    def learn(self, line: Line, learn: Searched, masked: bytes, failure_blind: bool) -> None:
+        """Note in ``learn`` what this classifier's searches find in ``line``, for its shape.
+
+        For the lines of the shape (``masked``: its bytes with every digit a ``0``), where no
+        digit decides them; ``failure_blind``: the caller knows that no digit decides the
+        failure text's search in this shape.
+        """
+        text = line.message or line.text
+        if failure_blind:
+            learn.failure_text = bool(self._failure_text.search(text))
+        if not any(d in masked for d in _NOT_OUTPUT_DIGITS):
+            learn.not_output = _NOT_OUTPUT.match(text) is not None
 
     def _note_progress(self, line: Line, bar: Progress, activities: list[str]) -> None:
         key = (line.rank, _bar_key(bar.desc))

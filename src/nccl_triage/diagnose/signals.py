@@ -379,6 +379,10 @@ class Searched:
 
     spans: dict[int, list[tuple[int, int]] | None] = field(default_factory=dict)
     excluded: dict[str, bool] = field(default_factory=dict)
+    # the context classifier's own searches (a failure's text; not a rank's own output), where
+    # they cannot tell the lines of the shape apart (None: search each line)
+    failure_text: bool | None = None
+    not_output: bool | None = None
 
 
 @dataclass(slots=True)

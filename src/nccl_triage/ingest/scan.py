@@ -388,10 +388,13 @@ class Scanner:
         if first < 0:
             self._grow(data, now)
             return []
-        self._finish_line(data, first, now)
         last = data.rfind(b"\n")
-        if last > first:
-            self._scan(data, first + 1, last + 1, now)
+        if not self._partial and self._long is None:  # the data starts a line: one scan
+            self._scan(data, 0, last + 1, now)
+        else:
+            self._finish_line(data, first, now)
+            if last > first:
+                self._scan(data, first + 1, last + 1, now)
         self._grow(data[last + 1 :], now)
         return self._ready()
 
@@ -468,6 +471,10 @@ class Scanner:
                 head = _lines_from(buf, start, need, end)
                 for p in self._pending:
                     p.after.extend(head[: p.wants - len(p.after)])
+            # those now complete go first (the candidates of this range need not queue)
+            pending = self._pending
+            while pending and len(pending[0].after) >= pending[0].wants:
+                self._done.append(pending.popleft().done())
         first = self._lineno
         lineno, counted = first, start
         ahead = _Ahead(buf, end)
