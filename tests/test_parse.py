@@ -929,3 +929,28 @@ def test_each_start_of_a_message_passes_the_cheap_test(text: str) -> None:
 
     assert _NEXT_MESSAGE.search(text)
     assert _may_start_another(text)
+
+
+def test_evolve_is_dataclasses_replace() -> None:
+    """The pipeline's copy of an event or a line with some fields changed is ``replace``'s."""
+    import dataclasses
+
+    from nccl_triage.model import Detail, Event, Line, Occurrence, evolve
+
+    ev = Event(
+        "watchdog_timeout",
+        "a.log",
+        12,
+        "text",
+        rank=3,
+        seq=7,
+        detail=Detail({"x": 1}),
+        occurrences=(Occurrence(13, 3, "again"),),
+    )
+    for changes in ({}, {"rank": 5}, {"repeats": 2, "occurrences": ()}, {"kind": "nccl_error"}):
+        assert evolve(ev, **changes) == dataclasses.replace(ev, **changes)
+        assert evolve(ev, **changes) is not ev
+    line = Line("a.log", 3, "[rank1]: x", "x", rank=1)
+    assert evolve(line, lineno=9) == dataclasses.replace(line, lineno=9)
+    with pytest.raises(KeyError):
+        evolve(ev, no_such_field=1)

@@ -21,7 +21,6 @@ loop's progress, printed thousands of times.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -46,7 +45,16 @@ from nccl_triage.ingest.reader import (
     segment_bounds,
 )
 from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
-from nccl_triage.model import Event, Line, Prefix, PrefixKind, Report, Signal, Unparsed
+from nccl_triage.model import (
+    Event,
+    Line,
+    Prefix,
+    PrefixKind,
+    Report,
+    Signal,
+    Unparsed,
+    evolve,
+)
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.parse.dedupe import Deduper
 from nccl_triage.parse.lines import ANCHOR_RE, LineParser, peel_raw, peel_segments
@@ -348,7 +356,7 @@ class Triage:
                 continue
             known = inp.same.get(cand.raw)
             if known is not None:
-                read = replace(known, lines=[replace(x, lineno=cand.lineno) for x in known.lines])
+                read = replace(known, lines=[evolve(x, lineno=cand.lineno) for x in known.lines])
             else:
                 # once, for the grammar, the signals and the context windows
                 read = self._read(inp, cand)
@@ -743,7 +751,7 @@ def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:
     own = next(iter(named)) if len(named) == 1 else (inp.rank_hint if not named else None)
     if own is None:
         return events
-    return [e if e.rank is not None else dataclasses.replace(e, rank=own) for e in events]
+    return [e if e.rank is not None else evolve(e, rank=own) for e in events]
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Generic, TypeVar
 
 from nccl_triage.ingest.regex import BytesSearcher, RegexSet, bytes_searcher, compile_set
-from nccl_triage.model import Detail, Event, Line, Signal
+from nccl_triage.model import Detail, Event, Line, Signal, evolve
 
 RUN_GAP_LINES = 50  # the same signal again within this many lines extends the same event
 
@@ -411,7 +411,7 @@ class _Growth:
             detail["last_time"] = self.last_time
             if self.duration_s is not None:
                 detail["duration_s"] = self.duration_s
-        return replace(run, detail=Detail(detail))
+        return evolve(run, detail=Detail(detail))
 
 
 def event_of(line: Line, kind: str, detail: dict[str, str | int | None]) -> Event:

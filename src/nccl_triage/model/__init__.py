@@ -9,6 +9,7 @@ from nccl_triage.model.events import (
     Occurrence,
     Prefix,
     PrefixKind,
+    evolve,
     is_failure,
 )
 from nccl_triage.model.report import (
@@ -63,5 +64,6 @@ __all__ = [
     "Signal",
     "Unparsed",
     "Weight",
+    "evolve",
     "is_failure",
 ]

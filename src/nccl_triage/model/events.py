@@ -6,9 +6,10 @@ Field names of :class:`Event` are those of the JSON report (``docs/json-output.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 
 class Kind(StrEnum):
@@ -246,3 +247,27 @@ _OPTIONAL_FIELDS = (
     "form",
     "pytorch_era",
 )
+
+
+_T = TypeVar("_T")
+_SHAPES: dict[type, tuple[Any, dict[str, int]]] = {}
+
+
+def evolve(obj: _T, **changes: Any) -> _T:
+    """``dataclasses.replace`` for the dataclasses here (every field given to ``__init__``).
+
+    The same copy at half the cost: the pipeline copies events per repeat folded in and per
+    file of a job, lines per repeated line.
+    """
+    cls = type(obj)
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        given = fields(cls)  # type: ignore[arg-type]
+        assert all(f.init for f in given) and len(given) > 1, cls
+        names = [f.name for f in given]
+        shape = _SHAPES[cls] = (attrgetter(*names), {n: i for i, n in enumerate(names)})
+    get, index = shape
+    args = list(get(obj))
+    for name, value in changes.items():
+        args[index[name]] = value
+    return cls(*args)

@@ -8,10 +8,9 @@ a watchdog line, a status line and a ``what():`` line is one event.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any
 
-from nccl_triage.model import Event, Kind, Occurrence
+from nccl_triage.model import Event, Kind, Occurrence, evolve
 
 MAX_OCCURRENCES = 50  # extra evidence lines kept per event (the count goes on in ``repeats``)
 
@@ -134,7 +133,7 @@ class Deduper:
             # only the work number in a status line: no op type, sizes or timeout
             partial = ev.partial or ev.form in _STATUS_FORMS
             i = len(events)
-            events.append(replace(ev, kind=Kind.WATCHDOG_TIMEOUT, partial=partial))
+            events.append(evolve(ev, kind=Kind.WATCHDOG_TIMEOUT, partial=partial))
             self._timeouts.append(i)
             self._index(i, ev.seq)
             return
@@ -149,8 +148,11 @@ class Deduper:
         return sorted(self._events, key=lambda e: e.line)
 
 
+_HEADER = re.compile(r"^.*?\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*")
+
+
 def _strip_header(text: str) -> str:
-    return re.sub(r"^.*?\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*", "", text)
+    return _HEADER.sub("", text) if "]" in text else text
 
 
 def _same_timeout(a: Event, b: Event) -> bool:
@@ -203,7 +205,7 @@ def _merged_timeout(into: Event, ev: Event) -> Event:
     if ev.pytorch_era and (era is None or len(ev.pytorch_era) < len(era)):
         era = ev.pytorch_era
     occurrences.sort(key=lambda o: o.line)
-    return replace(
+    return evolve(
         into,
         **changes,
         partial=partial,
@@ -218,4 +220,4 @@ def _with_occurrence(into: Event, ev: Event) -> Event:
     occurrences = into.occurrences
     if len(occurrences) < MAX_OCCURRENCES:
         occurrences = (*occurrences, Occurrence(ev.line, ev.rank, ev.text))
-    return replace(into, occurrences=occurrences, repeats=into.repeats + max(ev.repeats, 0))
+    return evolve(into, occurrences=occurrences, repeats=into.repeats + max(ev.repeats, 0))

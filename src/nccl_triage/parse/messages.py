@@ -71,7 +71,7 @@ def parse_message(message: str, head_before: int | None = None) -> Fields | None
     if len(message) > _CACHED_LENGTH:  # a long glued line: rare, and it would fill the cache
         fields = _parse(message, head_before)
     elif head_before is None:
-        fields = _by_shape(message)
+        return _by_shape(message)  # (a dict of its own)
     else:
         fields = _parse_once(message, head_before)
     return None if fields is None else dict(fields)
@@ -88,37 +88,79 @@ _CACHED_LENGTH = 2048
 # fields, given back the real numbers, are the real fields. Later messages of a trusted shape
 # get the sentinel fields with their own numbers, without the grammar.
 _NUMBERS = re.compile(r"0[xX][0-9a-fA-F]+|\d+")
+_NUMBER_SPLIT = re.compile(f"({_NUMBERS.pattern})")  # text, number, text, ... in one pass
 _SENTINEL_BASE = 7_100_000_000
 _SENTINEL = re.compile(r"71\d{8}")
+_SENTINEL_SPLIT = re.compile(f"({_SENTINEL.pattern})")
 _MAX_SHAPES = 8192
 _UNTRUSTED = object()
 _shapes: dict[str, object] = {}
 
 
 def _by_shape(message: str) -> Fields | None:
-    tokens = _NUMBERS.findall(message)
-    if not tokens or len(tokens) > 99:
-        return _parse_once(message, None)
+    pieces = _NUMBER_SPLIT.split(message)  # the text between numbers, and the numbers
+    count = len(pieces) // 2
+    if not count or count > 99:
+        return _copy(_parse_once(message, None))
+    tokens = pieces[1::2]
     runs = [t[2:] if t[1:2] in ("x", "X") else t for t in tokens]  # a hex number's digits
-    shape = _NUMBERS.sub("#", message)
+    shape = "#".join(pieces[::2])
     learnt = _shapes.get(shape)
     if learnt is _UNTRUSTED:
-        return _parse_once(message, None)
+        return _copy(_parse_once(message, None))
     if learnt is not None or shape in _shapes:
         if learnt is None:
             return None
         template: Fields
-        numbered: tuple[str, ...]
-        template, numbered = learnt  # type: ignore[misc]
+        fillers: tuple[_Filler, ...]
+        template, fillers = learnt  # type: ignore[misc]
         out = dict(template)
-        for key in numbered:
-            out[key] = _fill(template[key], runs)
+        for key, how, arg in fillers:
+            if how == _FORMAT:
+                out[key] = arg.format(*runs)
+            elif how == _INT:
+                run = runs[arg]
+                value = template[key]
+                if run.isdigit():
+                    out[key] = int(run) if value >= 0 else -int(run)
+            else:
+                out[key] = _fill(template[key], runs)
         return out
     real = _parse_once(message, None)
     if len(_shapes) >= _MAX_SHAPES:
         _shapes.clear()
     _shapes[shape] = _learn(message, runs, real)
-    return real
+    return _copy(real)
+
+
+def _copy(fields: Fields | None) -> Fields | None:
+    return None if fields is None else dict(fields)
+
+
+# How a numbered field of a shape's template is filled in with a message's numbers:
+# (key, _FORMAT, a format string of the text between them), (key, _INT, which number), or
+# (key, _ANY, None): the template's value walked (lists, nested fields).
+_Filler = tuple[str, int, Any]
+_FORMAT, _INT, _ANY = 0, 1, 2
+
+
+def _filler(key: str, value: Any, numbers: int) -> _Filler:
+    """How :func:`_fill` fills a template's value in, worked out once per shape."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        i = abs(value) - _SENTINEL_BASE
+        if 0 <= i < numbers:
+            return (key, _INT, i)
+    if isinstance(value, str):
+        parts = _SENTINEL_SPLIT.split(value)
+        fmt = []
+        for j, part in enumerate(parts):
+            if j % 2 == 0:
+                fmt.append(part.replace("{", "{{").replace("}", "}}"))
+            else:
+                i = int(part) - _SENTINEL_BASE
+                fmt.append(f"{{{i}}}" if 0 <= i < numbers else part)
+        return (key, _FORMAT, "".join(fmt))
+    return (key, _ANY, None)
 
 
 def _sentinel(m: re.Match[str], numbers: Iterator[int]) -> str:
@@ -137,8 +179,8 @@ def _learn(message: str, runs: list[str], real: Fields | None) -> object:
         return None if template is None and real is None else _UNTRUSTED
     if _fill(template, runs) != real:
         return _UNTRUSTED
-    numbered = tuple(k for k, v in template.items() if _fill(v, ["0"] * len(runs)) != v)
-    return template, numbered
+    numbered = [k for k, v in template.items() if _fill(v, ["0"] * len(runs)) != v]
+    return template, tuple(_filler(k, template[k], len(runs)) for k in numbered)
 
 
 def _fill(value: Any, runs: list[str]) -> Any:
