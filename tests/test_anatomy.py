@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nccl_triage.model import Line
 from nccl_triage.parse.anatomy import peel, to_seconds
@@ -232,3 +234,65 @@ def test_to_seconds() -> None:
     assert to_seconds(2, 29, 0, 0, 0) == 59 * 86400.0  # month/day only: a leap year
     assert to_seconds(13, 1, 0, 0, 0) is None
     assert to_seconds(2, 30, 0, 0, 0) is None
+
+
+_LAYER_PIECES = [
+    "[default3]:",
+    "[rank3]:",
+    "[rank3]: ",
+    "[E1022 10:11:12.123456 ProcessGroupNCCL.cpp:632] ",
+    "[E ProcessGroupNCCL.cpp:475] ",
+    "E0517 08:24:03.805000 140617 api.py:826] ",
+    "2024-03-14 05:13:20,402 ",
+    "[2024-03-14T05:13:20Z] ",
+    "[INFO|trainer.py:3478] 2024-03-14 05:13:20,402 >> ",
+    "INFO 02-03 13:14:04 llm_engine.py:706] ",
+    "WARNING:torch.distributed.run:",
+    "torch.distributed.elastic: [ERROR] ",
+    "- INFO - __main__ - ",
+    "| INFO     | mod:fn:12 - ",
+    "ERROR ",
+    "(RayWorker pid=5304, ip=10.0.0.1) ",
+    "fa88a9df [rank=1] || ",
+    "12: ",
+    "> ",
+    "`",
+    "   ",
+    "[E1]:",
+    "E",
+    "[",
+    "1",
+    "x",
+    "NCCL INFO ",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_LAYER_PIECES), min_size=1, max_size=5))
+def test_the_layer_peeled_is_the_first_in_order_that_starts_there(pieces: list[str]) -> None:
+    """One pattern finds which layer starts a text: the first of them, in the order peel tries
+    them, whose own pattern matches there."""
+    from nccl_triage.parse.anatomy import _ANY_LAYER, _LAYER_AT, _LAYER_RX
+
+    text = "".join(pieces)
+    first = next((i for i, rx in enumerate(_LAYER_RX) if rx.match(text)), None)
+    found = _ANY_LAYER.match(text)
+    assert (None if found is None else _LAYER_AT[found.lastindex or 0]) == first
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [*_LAYER_PIECES, "[rank1]:[E", "[W socket.cpp:1] ", "host:1:2 [0] ", "]", "V0", "0"]
+        ),
+        max_size=8,
+    )
+)
+def test_the_cheap_test_never_misses_an_embedded_header(pieces: list[str]) -> None:
+    """Wherever _EMBEDDED finds a header glued behind other text, the cheap test says so."""
+    from nccl_triage.parse.anatomy import _EMBEDDED, _may_hide_header
+
+    text = "".join(pieces)
+    if _EMBEDDED.search(text):
+        assert _may_hide_header(text)

@@ -72,6 +72,28 @@ _EMBEDDED = re.compile(
     r"|\[[FEWIV](?:\d{3,4} \d\d:\d\d:\d\d\.\d+)? [\w.+-]+:\d+\] "
     r"|(?<![\w.])[VIWEFC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w./+-]+:\d+\] "
 )
+_FEWIV = frozenset("FEWIV")
+_GLOG_TIME = re.compile(r"[VIWEFC]\d{4} \d\d:\d\d:\d\d\.")  # how _EMBEDDED's last one starts
+
+
+def _may_hide_header(rest: str) -> bool:
+    """Whether _EMBEDDED may find a header in ``rest``: cheap tests that never miss one.
+
+    Every header holds a ``]``; the first two of _EMBEDDED a ``[rank``, the third a ``[`` and a
+    level letter, the last a glog time.
+    """
+    if "]" not in rest:
+        return False
+    if "[rank" in rest:
+        return True
+    i = rest.find("[")
+    while i >= 0:
+        if rest[i + 1 : i + 2] in _FEWIV:
+            return True
+        i = rest.find("[", i + 1)
+    return _GLOG_TIME.search(rest) is not None
+
+
 _PID_MAX = 1 << 22  # Linux PID_MAX_LIMIT
 _RANK_HINT = re.compile(r"\brank[=_: ]?(\d+)\b", re.IGNORECASE)
 _JSON_KEYS = ("log", "message", "msg", "MESSAGE", "textPayload")
@@ -102,13 +124,19 @@ def peel(line: Line) -> Line:
                     prefixes.append(Prefix(PrefixKind.JSON, rest))
                     text, pos = inner, 0
                     continue
-        if _ANY_LAYER.match(rest) is not None:  # one of the layers below starts here
-            m = _SPACE.match(rest) or _QUOTE.match(rest)
-            if m:
+        found = _ANY_LAYER.match(rest)
+        if found is not None:  # the first layer, in the order they are tried, that starts here
+            which = _LAYER_AT.get(found.lastindex or 0)
+            if which is None:  # (cannot be: each layer is one group)
+                break
+            rx = _LAYER_RX[which]
+            m = rx.match(rest)
+            if m is None:  # (cannot be: the same pattern)
+                break
+            if which <= _QUOTE_AT:  # spaces, markdown quotes
                 pos += m.end()
                 continue
-            m = _ISO.match(rest)
-            if m:
+            if rx is _ISO:
                 _set_time(
                     line,
                     m.group(0).strip().strip("[]"),
@@ -123,8 +151,7 @@ def peel(line: Line) -> Line:
                 prefixes.append(Prefix(PrefixKind.TIMESTAMP, m.group(0)))
                 pos += m.end()
                 continue
-            m = _HF_TRANSFORMERS.match(rest)
-            if m:
+            if rx is _HF_TRANSFORMERS:
                 line.severity = line.severity or m[1][0]
                 _set_time(
                     line,
@@ -141,32 +168,14 @@ def peel(line: Line) -> Line:
                 pos += m.end()
                 final = True
                 continue
-            m = _MONTHDAY_TS.match(rest)
-            if m:
+            if rx is _MONTHDAY_TS:
                 line.severity = line.severity or m[1][0]
                 _set_time(line, m[2], "iso", int(m[3]), int(m[4]), m[5], m[6], m[7], m[8])
                 prefixes.append(Prefix(PrefixKind.HEADER, m.group(0)))
                 pos += m.end()
                 final = True
                 continue
-            matched = False
-            for kind, rx, handler in _SIMPLE:
-                m = rx.match(rest)
-                if m:
-                    prefixes.append(Prefix(kind, m.group(0)))
-                    pos += m.end()
-                    result = handler(line, m)
-                    if kind == "tee" and result is not None:
-                        tee_rank = result
-                    elif kind == "jobsys" and result is not None:
-                        hint_rank = result
-                    final = kind in _TERMINAL
-                    matched = True
-                    break
-            if matched:
-                continue
-            m = _C10.match(rest)
-            if m:
+            if rx is _C10:
                 line.severity = m[1]
                 if m[2]:
                     md = int(m[2])
@@ -176,8 +185,7 @@ def peel(line: Line) -> Line:
                 pos += m.end()
                 final = True
                 continue
-            m = _GLOG.match(rest)
-            if m:
+            if rx is _GLOG:
                 line.severity = m[1]
                 md = int(m[2])
                 stamp = f"{md // 100:02d}-{md % 100:02d} {m[3]}:{m[4]}:{m[5]}{m[6] or ''}"
@@ -190,8 +198,18 @@ def peel(line: Line) -> Line:
                 pos += m.end()
                 final = True
                 continue
+            kind, _rx, handler = _SIMPLE[which - _SIMPLE_AT]
+            prefixes.append(Prefix(kind, m.group(0)))
+            pos += m.end()
+            result = handler(line, m)
+            if kind == "tee" and result is not None:
+                tee_rank = result
+            elif kind == "jobsys" and result is not None:
+                hint_rank = result
+            final = kind in _TERMINAL
+            continue
         # Nothing known here: a glued progress bar or a custom prefix may hide a header.
-        e = _EMBEDDED.search(rest) if "]" in rest else None  # every header holds a "]"
+        e = _EMBEDDED.search(rest) if _may_hide_header(rest) else None
         if e and e.start() > 0:
             lead = rest[: e.start()]
             prefixes.append(Prefix(PrefixKind.LEAD, lead))
@@ -309,8 +327,25 @@ _SIMPLE: tuple[
 _TERMINAL = frozenset({PrefixKind.EXCEPTHOOK, PrefixKind.LOGGER})
 # Every layer that peel tries in turn at a position, as one pattern: where none starts (a
 # message, a loss dict), one match says so instead of a dozen.
-_LAYERS = (_SPACE, _QUOTE, _ISO, _HF_TRANSFORMERS, _MONTHDAY_TS, *(rx for _k, rx, _h in _SIMPLE))
-_ANY_LAYER = re.compile("|".join(f"(?:{rx.pattern})" for rx in (*_LAYERS, _C10, _GLOG)))
+# Each layer is a group of it: the group that matched tells the layer (a second match of the
+# layer's own pattern gives its fields), instead of a dozen tries.
+_LAYER_RX = (
+    _SPACE,
+    _QUOTE,
+    _ISO,
+    _HF_TRANSFORMERS,
+    _MONTHDAY_TS,
+    *(rx for _k, rx, _h in _SIMPLE),
+    _C10,
+    _GLOG,
+)
+_QUOTE_AT = 1
+_SIMPLE_AT = 5
+_ANY_LAYER = re.compile("|".join(f"({rx.pattern})" for rx in _LAYER_RX))
+_LAYER_AT: dict[int, int] = {}
+for _i, _rx in enumerate(_LAYER_RX):
+    # each layer's group comes after the groups of the layers before it
+    _LAYER_AT[1 + _i + sum(r.groups for r in _LAYER_RX[:_i])] = _i
 
 
 def _set_time(

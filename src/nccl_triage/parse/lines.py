@@ -302,14 +302,17 @@ _NEXT_WORDS = (
     "Exception raised from",
     "Traceback (",
     "torch.",
-    "INFO",  # an NCCL line's "host:pid:tid [dev] NCCL INFO"
-    "WARN",
 )
+# An NCCL line's "host:pid:tid [dev] NCCL INFO" after a space (an NCCL line's own header is at
+# its start, or after a prefix that ends without one: "[default0]:host:...")
+_NCCL_AFTER_SPACE = re.compile(r"\s[\w.-]+:\d+:\d+ \[\d+\] (?:NCCL )?(?:INFO|WARN)")
 
 
 def _may_start_another(text: str) -> bool:
     """Whether a message of _NEXT_MESSAGE may start inside ``text`` (a cheap test first)."""
     if any(w in text for w in _NEXT_WORDS):
+        return True
+    if ("INFO" in text or "WARN" in text) and _NCCL_AFTER_SPACE.search(text):
         return True
     i = text.find("[", 1)
     while i > 0:
