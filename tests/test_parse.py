@@ -960,3 +960,34 @@ def test_evolve_is_dataclasses_replace() -> None:
     assert evolve(line, lineno=9) == dataclasses.replace(line, lineno=9)
     with pytest.raises(KeyError):
         evolve(ev, no_such_field=1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "[E1022 10:11:12.123456 ProcessGroupNCCL.cpp:632] ",
+                "10:11:12.5 f.py:3]",
+                "]",
+                "x ",
+                "12:34:56.7 ",
+                "a:1] ",
+                "\n",
+                " ",
+                "[rank0]:",
+                "1",
+            ]
+        ),
+        max_size=10,
+    )
+)
+def test_the_dedupe_key_drops_what_the_header_pattern_drops(pieces: list[str]) -> None:
+    """The header is found by a search for its end: the text ``^.*?`` + the end would drop."""
+    import re
+
+    from nccl_triage.parse.dedupe import _strip_header
+
+    text = "".join(pieces)
+    old = re.sub(r"^.*?\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*", "", text)
+    assert _strip_header(text) == old

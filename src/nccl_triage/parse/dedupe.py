@@ -148,11 +148,18 @@ class Deduper:
         return sorted(self._events, key=lambda e: e.line)
 
 
-_HEADER = re.compile(r"^.*?\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*")
+# A c10 or glog header's end: the text up to the first one is dropped
+_HEADER_END = re.compile(r"\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*")
 
 
 def _strip_header(text: str) -> str:
-    return _HEADER.sub("", text) if "]" in text else text
+    """The text after its first c10/glog header, the text itself without one (one line)."""
+    if "]" not in text:
+        return text
+    m = _HEADER_END.search(text)
+    if m is None or "\n" in text[: m.start()]:  # ("^.*?" stops at a newline)
+        return text
+    return text[m.end() :]
 
 
 def _same_timeout(a: Event, b: Event) -> bool:

@@ -30,19 +30,27 @@ _VERSIONS = (
     "2.9",
 )
 _INDEX = {v: i for i, v in enumerate(_VERSIONS)}
+_OLD_C10 = re.compile(r"\[[FEWIV] ")  # "[E ProcessGroupNCCL.cpp:475] ": 2.3 and before
+_NEW_C10 = re.compile(r"\[[FEWIV]\d")  # "[E1022 10:11:12.123 ...]": 2.4 and after
 
 
 def era_of(line: Line, constraints: Iterable[tuple[str, str]]) -> str | None:
     """Narrow the PyTorch release range from a line's format features."""
     lo, hi = 0, len(_VERSIONS) - 1
     narrowed = False
-    header = next((p.text for p in line.prefixes if p.kind == "header"), "")
+    rank_tee = False
+    header = ""
     cons = list(constraints)
-    if header.startswith("[") and re.match(r"\[[FEWIV] ", header):
+    for p in line.prefixes:
+        if p.kind == PrefixKind.HEADER and not header:
+            header = p.text
+        elif p.kind == PrefixKind.TEE and p.text.startswith("[rank"):
+            rank_tee = True
+    if header.startswith("[") and _OLD_C10.match(header):
         cons.append(("", "2.3"))
-    elif header.startswith("[") and re.match(r"\[[FEWIV]\d", header):
+    elif header.startswith("[") and _NEW_C10.match(header):
         cons.append(("2.4", ""))
-    if any(p.kind == PrefixKind.TEE and p.text.startswith("[rank") for p in line.prefixes):
+    if rank_tee:
         cons.append(("2.2", ""))
     for a, b in cons:
         new_lo = _INDEX[a] if a else 0

@@ -415,7 +415,7 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
     incomplete = bool(f.pop("_incomplete", False))
     f.pop("tail", None)
     repeats = 0
-    m = REPEATED.search(line.text)
+    m = REPEATED.search(line.text) if "[repeated " in line.text else None
     if m:
         repeats = int(m[1])
     kind = str(f.pop("kind"))
