@@ -61,9 +61,11 @@ _worker_ruleset: Ruleset | None = None
 def _init_worker(ruleset: Ruleset) -> None:
     global _worker_ruleset
     from nccl_triage.parse.grammar import parser
+    from nccl_triage.pipeline import settle_collector
 
     _worker_ruleset = ruleset
     parser()  # build the grammar once per process, before the first job
+    settle_collector()  # a worker of ours: the collector tuned as the command line's
 
 
 def _run_chunk(jobs: list[Job]) -> list[JobResult]:

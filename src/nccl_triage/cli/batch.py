@@ -154,6 +154,9 @@ def batch(
         db=None if no_cache else Path(db_path) if db_path else b.default_db(),
     )
     show = sys.stderr.isatty() if progress is None else progress
+    from nccl_triage.pipeline import settle_collector
+
+    settle_collector()  # (thousands of jobs allocate as much as one big log)
     try:
         with _progress_bar(show) as bar:
             result = b.run_batch(paths, ruleset, options, progress=bar)
