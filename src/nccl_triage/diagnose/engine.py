@@ -59,9 +59,10 @@ def correlate(
             by_kind.setdefault(ANY_FAILURE, []).append(ev)
     fact_values = facts.to_dict()
     own = frozenset((e.source, e.line) for e in by_kind.get(ANY_FAILURE, []))
+    ranks = Ranks.of(fact_values)
     out = Correlation()
     for rule in rules:
-        finding, reason = _evaluate(rule, by_kind, fact_values, ends or {}, own)
+        finding, reason = _evaluate(rule, by_kind, fact_values, ends or {}, own, ranks)
         out.explanations.append(Explanation(rule, finding is not None, reason, finding))
         if finding is not None:
             out.findings.append(finding)
@@ -80,6 +81,7 @@ def _evaluate(
     facts: dict[str, Any],
     ends: Mapping[str, int],
     own: frozenset[tuple[str, int]] = frozenset(),
+    ranks: Ranks | None = None,
 ) -> tuple[Finding | None, str]:
     for cond in rule.facts:
         if not holds(cond, facts.get(cond.field)):
@@ -93,7 +95,8 @@ def _evaluate(
             " matching " + _describe_all(rule.match.where) if rule.match.where else ""
         )
         return None, f"no {what} event"
-    ranks = Ranks.of(facts)
+    if ranks is None:
+        ranks = Ranks.of(facts)
     best: Finding | None = None
     last_reason = ""
     for trigger in triggers[:MAX_TRIGGERS]:
@@ -397,7 +400,21 @@ def _describe_all(conds: Iterable[Condition]) -> str:
     return ", ".join(_describe(c) for c in conds)
 
 
+_WINDOWS: dict[int, tuple[Clause, str]] = {}  # by clause identity (a clause may not hash)
+
+
 def _window(clause: Clause) -> str:
+    known = _WINDOWS.get(id(clause))
+    if known is not None and known[0] is clause:
+        return known[1]
+    if len(_WINDOWS) > 4096:
+        _WINDOWS.clear()
+    text = _window_text(clause)
+    _WINDOWS[id(clause)] = (clause, text)
+    return text
+
+
+def _window_text(clause: Clause) -> str:
     parts = []
     if clause.lines is not None:
         parts.append(f"{clause.lines} lines")

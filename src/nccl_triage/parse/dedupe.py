@@ -68,6 +68,8 @@ class Deduper:
         # a line that named no rank (512 ranks stuck at one SeqNum are 512 events)
         self._by_seq_rank: dict[tuple[int | None, int | None], list[int]] = {}
         self._others: dict[tuple[Any, ...], int] = {}
+        # repeats of _events[i] not folded into it yet (once, when it is next read whole)
+        self._repeats: dict[int, list[Event]] = {}
 
     def add(self, ev: Event) -> None:
         """Keep a new event, or fold it into the one it repeats."""
@@ -86,7 +88,7 @@ class Deduper:
                 None,
             )
             if death is not None:
-                self._events[death] = _with_occurrence(self._events[death], ev)
+                self._repeats.setdefault(death, []).append(ev)
                 return
         key: tuple[Any, ...] = (
             ev.kind,
@@ -103,7 +105,13 @@ class Deduper:
             self._others[key] = len(self._events)
             self._events.append(ev)
         else:
-            self._events[same] = _with_occurrence(self._events[same], ev)
+            self._repeats.setdefault(same, []).append(ev)
+
+    def _fold(self, i: int) -> None:
+        """Fold the repeats of ``_events[i]`` seen so far into it."""
+        repeats = self._repeats.pop(i, None)
+        if repeats:
+            self._events[i] = _with_occurrences(self._events[i], repeats)
 
     def _candidates(self, seq: int | None, rank: int | None) -> list[int]:
         """The timeouts a line of ``seq`` and ``rank`` may be another line of, in input order."""
@@ -137,6 +145,7 @@ class Deduper:
             self._timeouts.append(i)
             self._index(i, ev.seq)
             return
+        self._fold(match)
         before = events[match].rank
         events[match] = _merged_timeout(events[match], ev)
         if events[match].rank != before and events[match].seq is not None:
@@ -145,6 +154,8 @@ class Deduper:
 
     def events(self) -> list[Event]:
         """All events, in input order."""
+        for i in list(self._repeats):
+            self._fold(i)
         return sorted(self._events, key=lambda e: e.line)
 
 
@@ -222,9 +233,12 @@ def _merged_timeout(into: Event, ev: Event) -> Event:
     )
 
 
-def _with_occurrence(into: Event, ev: Event) -> Event:
-    """The event ``into`` with a repeat of it (``ev``) counted."""
-    occurrences = into.occurrences
-    if len(occurrences) < MAX_OCCURRENCES:
-        occurrences = (*occurrences, Occurrence(ev.line, ev.rank, ev.text))
-    return evolve(into, occurrences=occurrences, repeats=into.repeats + max(ev.repeats, 0))
+def _with_occurrences(into: Event, repeats: list[Event]) -> Event:
+    """The event ``into`` with its repeats counted, in the order seen."""
+    occurrences = list(into.occurrences)
+    count = into.repeats
+    for ev in repeats:
+        if len(occurrences) < MAX_OCCURRENCES:
+            occurrences.append(Occurrence(ev.line, ev.rank, ev.text))
+        count += max(ev.repeats, 0)
+    return evolve(into, occurrences=tuple(occurrences), repeats=count)
