@@ -737,3 +737,28 @@ def test_a_new_dump_triages_a_cached_job_again(tmp_path: Path, ruleset: Any) -> 
     again = b.run_batch([str(job)], ruleset, opts)
     assert again.stats.triaged == 1
     assert again.outcomes[0].result["flight_recorder"]["culprit_ranks"] == [2]
+
+
+def test_the_cache_names_a_file_by_its_real_path(tmp_path: Path) -> None:
+    """A file's real path (the key of its remembered hash) is ``os.path.realpath``'s, with its
+    directory resolved once: through a linked directory, a linked file, a relative path."""
+    from nccl_triage.batch.cache import ResultCache
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.log").write_text("x\n")
+    (tmp_path / "linked").symlink_to(real)
+    (real / "b.log").symlink_to(real / "a.log")
+    cache = ResultCache(tmp_path / "c.sqlite", "v")
+    try:
+        for path in (
+            str(real / "a.log"),
+            str(tmp_path / "linked" / "a.log"),
+            str(tmp_path / "linked" / "b.log"),
+            str(real / "b.log"),
+            os.path.relpath(real / "a.log"),
+            str(real / ".." / "linked" / "b.log"),
+        ):
+            assert cache._realpath(path) == os.path.realpath(path), path
+    finally:
+        cache.close()

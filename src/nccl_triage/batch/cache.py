@@ -67,6 +67,8 @@ class ResultCache:
         self.path = path
         self.versions = versions
         self.db = sqlite3.connect(str(path), timeout=30)
+        self._real_dirs: dict[str, str] = {}  # a directory -> its real path
+        self._new_files: list[tuple[str, int, int, int, str]] = []  # written at commit
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
@@ -107,7 +109,7 @@ class ResultCache:
             raise InputError(f.name, os_error_reason(exc)) from None
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f.name, "is a directory")
-        real = os.path.realpath(f.path)
+        real = self._realpath(f.path)
         row = self.db.execute(
             "SELECT digest FROM files WHERE path = ? AND size = ? AND mtime_ns = ? AND ino = ?",
             (real, st.st_size, st.st_mtime_ns, st.st_ino),
@@ -119,11 +121,20 @@ class ResultCache:
                 digest = hashlib.file_digest(fh, "sha256").hexdigest()
         except OSError as exc:
             raise InputError(f.name, os_error_reason(exc)) from None
-        self.db.execute(
-            "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
-            (real, st.st_size, st.st_mtime_ns, st.st_ino, digest),
-        )
+        self._new_files.append((real, st.st_size, st.st_mtime_ns, st.st_ino, digest))
         return digest
+
+    def _realpath(self, path: str) -> str:
+        """``os.path.realpath``, its directory resolved once for all the files in it."""
+        head, name = os.path.split(path)
+        if not head or name in ("", ".", "..") or os.path.islink(path):
+            return os.path.realpath(path)
+        real_dir = self._real_dirs.get(head)
+        if real_dir is None:
+            if len(self._real_dirs) > 65536:
+                self._real_dirs.clear()
+            real_dir = self._real_dirs[head] = os.path.realpath(head)
+        return os.path.join(real_dir, name)
 
     def key(self, job: Job, digests: Sequence[str], dumps: Sequence[tuple[str, str]] = ()) -> str:
         """The cache key of a job.
@@ -155,11 +166,17 @@ class ResultCache:
 
     def commit(self) -> None:
         """Write what was remembered so far."""
+        if self._new_files:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)", self._new_files
+            )
+            self._new_files.clear()
         self.db.commit()
 
     def close(self) -> None:
         """Drop results unused for :data:`CACHE_KEEP_DAYS`, then close the database."""
         with contextlib.suppress(sqlite3.Error):
+            self.commit()
             self.db.execute(
                 "DELETE FROM results WHERE used < ?", (time.time() - CACHE_KEEP_DAYS * 86400,)
             )
