@@ -32,6 +32,9 @@ from nccl_triage.errors import InputError
 # ----------------------------------------------------------------------------- cache
 
 
+_HASH_CHUNK = 1 << 20
+
+
 def default_db() -> Path:
     """``$XDG_CACHE_HOME/nccl-triage/batch.sqlite``, or under ``~/.cache``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -104,12 +107,15 @@ class ResultCache:
         if f.is_url:
             return _url_digest(f)
         try:
-            st = os.stat(f.path)
+            st = os.lstat(f.path)
+            linked = stat.S_ISLNK(st.st_mode)
+            if linked:
+                st = os.stat(f.path)
         except OSError as exc:
             raise InputError(f.name, os_error_reason(exc)) from None
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f.name, "is a directory")
-        real = self._realpath(f.path)
+        real = os.path.realpath(f.path) if linked else self._realpath(f.path, plain=True)
         row = self.db.execute(
             "SELECT digest FROM files WHERE path = ? AND size = ? AND mtime_ns = ? AND ino = ?",
             (real, st.st_size, st.st_mtime_ns, st.st_ino),
@@ -118,23 +124,38 @@ class ResultCache:
             return str(row[0])
         try:
             with open(f.path, "rb") as fh:
-                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                h = hashlib.sha256()  # (file_digest allocates 256 KiB a call: most logs are small)
+                while chunk := fh.read(_HASH_CHUNK):
+                    h.update(chunk)
+                digest = h.hexdigest()
         except OSError as exc:
             raise InputError(f.name, os_error_reason(exc)) from None
         self._new_files.append((real, st.st_size, st.st_mtime_ns, st.st_ino, digest))
         return digest
 
-    def _realpath(self, path: str) -> str:
-        """``os.path.realpath``, its directory resolved once for all the files in it."""
+    def _realpath(self, path: str, plain: bool = False) -> str:
+        """``os.path.realpath``, each directory resolved once (from its parent's real path).
+
+        ``plain``: the caller knows that ``path`` is no symbolic link.
+        """
         head, name = os.path.split(path)
-        if not head or name in ("", ".", "..") or os.path.islink(path):
+        if not head or name in ("", ".", "..") or (not plain and os.path.islink(path)):
             return os.path.realpath(path)
-        real_dir = self._real_dirs.get(head)
-        if real_dir is None:
-            if len(self._real_dirs) > 65536:
-                self._real_dirs.clear()
-            real_dir = self._real_dirs[head] = os.path.realpath(head)
-        return os.path.join(real_dir, name)
+        return os.path.join(self._real_dir(head), name)
+
+    def _real_dir(self, path: str) -> str:
+        real = self._real_dirs.get(path)
+        if real is not None:
+            return real
+        if len(self._real_dirs) > 65536:
+            self._real_dirs.clear()
+        head, name = os.path.split(path)
+        if not head or head == path or name in ("", ".", "..") or os.path.islink(path):
+            real = os.path.realpath(path)
+        else:
+            real = os.path.join(self._real_dir(head), name)
+        self._real_dirs[path] = real
+        return real
 
     def key(self, job: Job, digests: Sequence[str], dumps: Sequence[tuple[str, str]] = ()) -> str:
         """The cache key of a job.
