@@ -558,8 +558,9 @@ def test_lint_asks_a_match_example_to_pin_what_the_finding_quotes(tmp_path: Path
 def test_libyaml_and_the_python_loader_read_every_rule_file_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nccl_triage.ruleset import safeyaml
+    from nccl_triage.ruleset import doccache, safeyaml, yamlparse
 
+    monkeypatch.setattr(doccache, "lookup", lambda text: None)  # parse every time
     root = Path(__file__).resolve().parents[1] / "rules"
     bad = {
         "alias.yaml": "a: &x [1, 2]\nb: *x\n",
@@ -582,6 +583,73 @@ def test_libyaml_and_the_python_loader_read_every_rule_file_alike(
         return out
 
     fast = read_all()
-    monkeypatch.setattr(safeyaml, "_CBase", None)
+    monkeypatch.setattr(yamlparse, "_CBase", None)
     assert read_all() == fast
     assert sum(1 for _, problems, _ in fast if problems) == len(bad)
+
+
+def test_rule_files_parsed_before_are_read_back_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rule file, and files with problems, read from the cache of parsed files: the same
+    data at the same lines, the same problems; no YAML parser imported for them; a cache
+    that another user could have written, or a damaged one, is not read."""
+    import os
+    import subprocess
+    import sys
+
+    from nccl_triage.ruleset import doccache, safeyaml
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(doccache, "_known", None)
+    root = Path(__file__).resolve().parents[1] / "rules"
+    (tmp_path / "dup.yaml").write_text("a: 1\nb: [x, {c: 2.5, d: null}]\na: 3\n")
+    (tmp_path / "date.yaml").write_text("when: 2024-01-02\n")  # (a date: not kept)
+    files = sorted(root.rglob("*.yaml")) + sorted(tmp_path.glob("*.yaml"))
+
+    def lines(obj: object) -> list[object]:
+        """The lines of every mapping, key and list inside, depth first."""
+        if isinstance(obj, safeyaml.YamlMap):
+            inner = [x for v in obj.values() for x in lines(v)]
+            return [obj.line, dict(obj.key_lines), *inner]
+        if isinstance(obj, safeyaml.YamlSeq):
+            return [obj.line, *[x for v in obj for x in lines(v)]]
+        return []
+
+    def read_all() -> list[tuple[object, list[str], list[object]]]:
+        out = []
+        for f in files:
+            data, problems = safeyaml.load_yaml(f)
+            out.append((data, problems, lines(data)))
+        return out
+
+    parsed = read_all()
+    doccache.save()
+    monkeypatch.setattr(doccache, "_known", None)
+    assert read_all() == parsed
+    assert len(doccache._load()) == len(files) - 1  # all but the date
+    # a fresh process reads the built-in rules without importing yaml
+    code = (
+        "import sys; from nccl_triage.ruleset import loader; loader.load_ruleset(); "
+        "print('yaml' in sys.modules)"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def yaml_imported() -> list[str]:
+        run = [sys.executable, "-c", code]
+        return subprocess.run(
+            run, env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+
+    assert yaml_imported() in (["True"], ["False"])  # (the first start parses what is not kept)
+    assert yaml_imported() == ["False"]
+    # writable by others: not read
+    stored = tmp_path / "cache" / "nccl-triage" / "rules" / "documents.json"
+    stored.chmod(0o666)
+    monkeypatch.setattr(doccache, "_known", None)
+    assert doccache._load() == {}
+    stored.chmod(0o600)
+    stored.write_text(stored.read_text()[:100])  # damaged
+    monkeypatch.setattr(doccache, "_known", None)
+    assert doccache._load() == {}
+    assert read_all() == parsed

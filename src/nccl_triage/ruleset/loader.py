@@ -17,6 +17,7 @@ from pathlib import Path
 from nccl_triage.errors import RuleError
 from nccl_triage.model import Clause, Rule, Signal
 from nccl_triage.model.fields import fields_of
+from nccl_triage.ruleset import doccache
 from nccl_triage.ruleset.files import load_rule, load_signal
 from nccl_triage.ruleset.shapes import EVENT_KINDS
 
@@ -135,6 +136,7 @@ def collect_ruleset(
                 )
                 continue
             problems.extend(_unknown_fields(rule, clause, signals.get(clause.event)))
+    doccache.save()  # (the files parsed now are read back at the next start)
     return ruleset, problems
 
 
