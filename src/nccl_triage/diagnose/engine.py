@@ -95,11 +95,16 @@ def _evaluate(
             " matching " + _describe_all(rule.match.where) if rule.match.where else ""
         )
         return None, f"no {what} event"
+    tried = triggers[:MAX_TRIGGERS]
+    first = rule.context[0] if rule.context else None
+    if first is not None and first.present and not first.optional and not by_kind.get(first.event):
+        # no event of the first clause's kind at all: every trigger fails there (as _try says)
+        return None, _missing(0, first, tried[-1])
     if ranks is None:
         ranks = Ranks.of(facts)
     best: Finding | None = None
     last_reason = ""
-    for trigger in triggers[:MAX_TRIGGERS]:
+    for trigger in tried:
         finding, reason = _try(rule, trigger, by_kind, ends, ranks, own)
         if finding is None:
             last_reason = reason
@@ -156,7 +161,7 @@ def _try(
         if clause.present and not hits:
             if clause.optional:
                 continue
-            return None, f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
+            return None, _missing(i, clause, trigger)
         if not clause.present and hits:
             return None, f"context[{i}]: {clause.event} at line {hits[0].line} rules it out"
         if clause.present:
@@ -398,6 +403,11 @@ def _describe(cond: Condition) -> str:
 
 def _describe_all(conds: Iterable[Condition]) -> str:
     return ", ".join(_describe(c) for c in conds)
+
+
+def _missing(i: int, clause: Clause, trigger: Event) -> str:
+    """Why a trigger fails: no event of a clause that must be present."""
+    return f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
 
 
 _WINDOWS: dict[int, tuple[Clause, str]] = {}  # by clause identity (a clause may not hash)
