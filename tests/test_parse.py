@@ -577,7 +577,8 @@ def test_tables_for_another_grammar_are_not_used(tmp_path: Any) -> None:
 
 
 def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """40,000 repeats of one watchdog line: one grammar parse, one event, every line counted."""
+    """40,000 repeats of one watchdog line: parsed for its shape once, one event, every line
+    counted."""
     from nccl_triage.parse import messages
 
     calls = []
@@ -591,7 +592,8 @@ def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> Non
         "NumelOut=4194304, Timeout(ms)=600000) ran for 600051 milliseconds before timing out.\n"
     )
     result = parse_text(line * 40_000)
-    assert len(calls) == 2  # the message, and once more its shape (numbers as sentinels)
+    # the message, its shape (numbers as sentinels), its numbers one up and one down
+    assert len(calls) == 4
     assert len(result.events) == 1 and result.lines == 40_000
 
 
@@ -991,3 +993,15 @@ def test_the_dedupe_key_drops_what_the_header_pattern_drops(pieces: list[str]) -
     text = "".join(pieces)
     old = re.sub(r"^.*?\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*", "", text)
     assert _strip_header(text) == old
+
+
+@pytest.mark.parametrize(("learnt", "other"), [(2, 1), (1, 2), (7, 2), (0, 3)])
+def test_a_field_looked_up_from_a_number_is_not_read_by_shape(learnt: int, other: int) -> None:
+    """An NCCL error code's class comes from the code: a shape learnt from one code (whose
+    class the text names too) does not give its class to a message of another code."""
+    from nccl_triage.parse import messages
+
+    text = "RuntimeError: NCCL Error {}: unhandled system error (run with NCCL_DEBUG=INFO)"
+    parse_message(text.format(learnt))
+    message = text.format(other)
+    assert parse_message(message) == messages._parse(message, None)

@@ -176,11 +176,42 @@ def _learn(message: str, runs: list[str], real: Fields | None) -> object:
     marked = _NUMBERS.sub(lambda m: _sentinel(m, numbers), message)
     template = _parse(marked, None)
     if template is None or real is None:
-        return None if template is None and real is None else _UNTRUSTED
-    if _fill(template, runs) != real:
+        if template is None and real is None and _neighbours_agree(message, None):
+            return None
+        return _UNTRUSTED
+    if _fill(template, runs) != real or not _neighbours_agree(message, template):
         return _UNTRUSTED
     numbered = [k for k, v in template.items() if _fill(v, ["0"] * len(runs)) != v]
     return template, tuple(_filler(k, template[k], len(runs)) for k in numbered)
+
+
+_SMALL = 256  # what a field may be looked up from: an error code, a signal number
+
+
+def _neighbours_agree(message: str, template: Fields | None) -> bool:
+    """Whether the grammar reads the message with its numbers one up, and down, as its shape.
+
+    A field looked up from a number (an NCCL error code's class) is not a copy of it: the
+    sentinel's reading may agree with the message's by chance (an unknown code's class is
+    taken from the text, which names the same class), not with the next code's.
+    """
+    tokens = _NUMBERS.findall(message)
+    if not any(t.isdigit() and int(t) < _SMALL for t in tokens):
+        return True
+    for delta in (1, -1):
+
+        def shift(m: re.Match[str], delta: int = delta) -> str:
+            t = m.group(0)
+            return str(int(t) + delta) if t.isdigit() and int(t) + delta >= 0 else t
+
+        variant = _NUMBERS.sub(shift, message)
+        if variant == message:
+            continue
+        runs = [t[2:] if t[1:2] in ("x", "X") else t for t in _NUMBERS.findall(variant)]
+        want = None if template is None else _fill(template, runs)
+        if _parse(variant, None) != want:
+            return False
+    return True
 
 
 def _fill(value: Any, runs: list[str]) -> Any:
