@@ -243,3 +243,23 @@ def test_a_digit_that_decides_what_a_rank_printed_is_read_in_every_line(
         m.setattr(pipeline, "SHAPE_BYTES", -1)
         each = triage_text(text, RULESET)
     assert full(by_shape) == full(each)
+
+
+@pytest.mark.parametrize("first", ["1", "2"])
+def test_a_digit_that_decides_whether_the_grammar_reads_a_line(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``c10d`` is one of the grammar's anchors, ``c20d`` none: lines of one shape, one of them
+    the grammar's, each read as reading it alone reads it."""
+    other = "2" if first == "1" else "1"
+    text = "".join(
+        f"[rank0]:[E1022 10:11:1{i}.5 ProcessGroupNCCL.cpp:1] Exception raised from c{d}0d"
+        f"::ProcessGroupNCCL::checkTimeout: Saving model checkpoint to /ckpt/{i}\n"
+        for i, d in enumerate([first, other, first, other])
+    )
+    text += FAILURE.replace("R", "0").replace("D", "7") + "\n"
+    by_shape = triage_text(text, RULESET)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHAPE_BYTES", -1)
+        each = triage_text(text, RULESET)
+    assert full(by_shape) == full(each)

@@ -109,6 +109,7 @@ SHAPE_SAMPLE = 4096
 SHAPE_PAUSE = 65536
 _MASK = bytes.maketrans(b"123456789", b"000000000")
 _UNKNOWN = object()
+_GRAMMAR_KEY = b"\n"  # after a grammar's line's shape (no line holds a newline)
 # Whether the grammar's anchors find the same in every line of a shape: when their regexes are
 # blind to digits and the shape holds none of the literals with a digit (masked alike).
 _ANCHORS_BLIND = all(digit_blind(r) for r in REGEX_ANCHORS)
@@ -352,7 +353,7 @@ class Triage:
         shaped = bool(self.ruleset.signals)
         for cand in cands:
             inp.candidates += 1
-            if shaped and not cand.grammar and self._by_shape(inp, cand):
+            if shaped and self._by_shape(inp, cand):
                 continue
             known = inp.same.get(cand.raw)
             if known is not None:
@@ -377,13 +378,14 @@ class Triage:
         return len(cands)
 
     def _by_shape(self, inp: _Input, cand: Candidate) -> bool:
-        """Read a line holding only a signal's anchor as the first line of its shape was.
+        """Read a candidate line as the first line of its shape was.
 
         The shape is the line with its digits masked (``0``): peeling depends on digits only
         in the prefixes (a time, a rank: kept per prefix text), and a pattern or exclusion
         without digits (:func:`~nccl_triage.diagnose.signals.digit_blind`) finds the same
         spans in every line of a shape, so they are searched once; patterns with digits are
-        searched in every line. Return False for a line left to :meth:`_read`.
+        searched in every line. A line the grammar reads (one segment) goes to it from here,
+        peeled so. Return False for a line left to :meth:`_read`.
         """
         raw = cand.raw
         if len(raw) > SHAPE_BYTES:
@@ -397,6 +399,8 @@ class Triage:
                 inp.shape_pause = SHAPE_PAUSE
             inp.shape_tries = inp.shape_new = 0
         key = raw.translate(_MASK)
+        if cand.grammar:  # (a digit may decide whether a line holds a grammar's anchor)
+            key += _GRAMMAR_KEY
         shape = self._shapes.get(key, _UNKNOWN)
         if shape is _UNKNOWN:
             inp.shape_new += 1
@@ -413,6 +417,8 @@ class Triage:
             line = self._shaped_line(source, lineno, text_s, part)
             if line is None:
                 return False
+            if cand.grammar:
+                inp.parser.feed(cand, [line])
             inp.signals.feed(line, part.hits, known=part.searched)
             if shape.count == 1:  # all of it: the context windows reuse it
                 inp.peeled[lineno] = ([line], shape.hits, shape.searched)
@@ -449,8 +455,12 @@ class Triage:
     def _learn_shape(self, inp: _Input, cand: Candidate, key: bytes) -> bool:
         """Read the first line of a shape in full, and keep its shape when lines can share it."""
         read = self._read(inp, cand)
+        if cand.grammar:
+            inp.parser.feed(cand, read.lines, read.at, read.count)
         signals = inp.signals
-        parts: list[_Part] | None = [] if read.spans is not None else None
+        # (a line the grammar reads: one segment, one message)
+        one = not cand.grammar or (read.count == 1 and len(read.lines) == 1)
+        parts: list[_Part] | None = [] if read.spans is not None and one else None
         for i, line in enumerate(read.lines):
             searched = Searched()
             signals.feed(line, read.hits[i], learn=searched)
@@ -495,13 +505,8 @@ class Triage:
         if b"\r" not in raw:  # one segment (most lines)
             lines = peel_segments(inp.source, cand)
             hits = [inp.signals.hits(line) for line in lines] if self.ruleset.signals else []
-            spans = None  # (only a signal's line can be read by its shape: the others need none)
-            if (
-                not cand.grammar
-                and len(lines) == 1
-                and is_plain(raw)
-                and lines[0].text == raw.decode("utf-8")
-            ):
+            spans = None
+            if len(lines) == 1 and is_plain(raw) and lines[0].text == raw.decode("utf-8"):
                 spans = [(0, len(raw))]
             return _Read(len(lines), list(range(len(lines))), lines, hits, spans)
         fast = self._redrawn(inp, cand)
