@@ -418,7 +418,7 @@ class Triage:
             if line is None:
                 return False
             if cand.grammar:
-                inp.parser.feed(cand, [line])
+                inp.parser.feed(cand, [line], anchored=part.searched.anchored)
             inp.signals.feed(line, part.hits, known=part.searched)
             if shape.count == 1:  # all of it: the context windows reuse it
                 inp.peeled[lineno] = ([line], shape.hits, shape.searched)
@@ -485,6 +485,8 @@ class Triage:
             masked = key[start:stop]
             found_alike = _ANCHORS_BLIND and not any(a in masked for a in _DIGIT_ANCHORS)
             inp.context.learn(line, searched, masked, found_alike)  # (windows read them alike)
+            if found_alike and cand.grammar:
+                searched.anchored = bool(ANCHOR_RE.search(text))
         if len(read.lines) == read.count:
             inp.peeled[cand.lineno] = (read.lines, read.hits, None)
         if len(self._shapes) >= SHAPES:

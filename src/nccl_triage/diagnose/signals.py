@@ -383,6 +383,7 @@ class Searched:
     # they cannot tell the lines of the shape apart (None: search each line)
     failure_text: bool | None = None
     not_output: bool | None = None
+    anchored: bool | None = None  # whether the grammar's anchors are in the line's text
 
 
 @dataclass(slots=True)

@@ -68,13 +68,15 @@ class LineParser:
         lines: Sequence[Line] | None = None,
         at: Sequence[int] | None = None,
         count: int | None = None,
+        anchored: bool | None = None,
     ) -> None:
         """Parse one candidate line (joined with its neighbours when a message was wrapped).
 
         ``lines`` are the line's segments already peeled (the pipeline peels each line once,
         for the grammar and the signals alike); without them they are peeled here. When only
         some segments are given (those holding an anchor: no other can hold a message),
-        ``at`` gives their positions among the line's ``count`` segments.
+        ``at`` gives their positions among the line's ``count`` segments. ``anchored``:
+        whether the one segment given holds one of the grammar's anchors, when known.
         """
         if cand.lineno <= self.consumed_until:
             return
@@ -94,7 +96,7 @@ class LineParser:
                     self.failure_lines.append(cand.lineno)
                 return
         for i, line in zip(at, lines, strict=True):
-            if not ANCHOR_RE.search(line.text):
+            if not (anchored if anchored is not None else ANCHOR_RE.search(line.text)):
                 continue
             self._feed_segment(cand, line, first=i == 0, last=i == n - 1)
 
