@@ -33,6 +33,16 @@ from nccl_triage.errors import InputError
 
 
 _HASH_CHUNK = 1 << 20
+FileKey = tuple[str, int, int, int]  # a file's real path, size, mtime (ns) and inode
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 of a file's bytes (raises OSError)."""
+    with open(path, "rb") as fh:
+        h = hashlib.sha256()  # (hashlib.file_digest allocates 256 KiB a call: logs are small)
+        while chunk := fh.read(_HASH_CHUNK):
+            h.update(chunk)
+        return h.hexdigest()
 
 
 def default_db() -> Path:
@@ -106,6 +116,24 @@ class ResultCache:
         """
         if f.is_url:
             return _url_digest(f)
+        known, where = self.remembered(f)
+        if known is not None:
+            return known
+        try:
+            digest = file_digest(f.path)
+        except OSError as exc:
+            raise InputError(f.name, os_error_reason(exc)) from None
+        self.remember(where, digest)
+        return digest
+
+    def remembered(self, f: InputFile) -> tuple[str | None, FileKey]:
+        """A local file's remembered hash (None: none for its path, size, mtime and inode).
+
+        And those four, for :meth:`remember`.
+
+        Raises:
+            InputError: the file cannot be looked at (or is a directory).
+        """
         try:
             st = os.lstat(f.path)
             linked = stat.S_ISLNK(st.st_mode)
@@ -116,22 +144,16 @@ class ResultCache:
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f.name, "is a directory")
         real = os.path.realpath(f.path) if linked else self._realpath(f.path, plain=True)
+        where = (real, st.st_size, st.st_mtime_ns, st.st_ino)
         row = self.db.execute(
             "SELECT digest FROM files WHERE path = ? AND size = ? AND mtime_ns = ? AND ino = ?",
-            (real, st.st_size, st.st_mtime_ns, st.st_ino),
+            where,
         ).fetchone()
-        if row is not None:
-            return str(row[0])
-        try:
-            with open(f.path, "rb") as fh:
-                h = hashlib.sha256()  # (file_digest allocates 256 KiB a call: most logs are small)
-                while chunk := fh.read(_HASH_CHUNK):
-                    h.update(chunk)
-                digest = h.hexdigest()
-        except OSError as exc:
-            raise InputError(f.name, os_error_reason(exc)) from None
-        self._new_files.append((real, st.st_size, st.st_mtime_ns, st.st_ino, digest))
-        return digest
+        return (str(row[0]) if row is not None else None), where
+
+    def remember(self, where: FileKey, digest: str) -> None:
+        """Remember a file's hash with its path, size, mtime and inode (written at commit)."""
+        self._new_files.append((*where, digest))
 
     def _realpath(self, path: str, plain: bool = False) -> str:
         """``os.path.realpath``, each directory resolved once (from its parent's real path).
