@@ -1005,3 +1005,22 @@ def test_a_field_looked_up_from_a_number_is_not_read_by_shape(learnt: int, other
     parse_message(text.format(learnt))
     message = text.format(other)
     assert parse_message(message) == messages._parse(message, None)
+
+
+def test_events_are_built_as_the_dataclass_builds_them() -> None:
+    """Event's own ``__init__`` (slots set directly) takes the dataclass's parameters, in
+    order, with its defaults (a fresh ``detail`` each time), and the event stays frozen."""
+    import dataclasses
+    import inspect
+
+    from nccl_triage.model import Detail, Event
+
+    names = [f.name for f in dataclasses.fields(Event)]
+    assert list(inspect.signature(Event.__init__).parameters)[1:] == names
+    a, b = Event("k", "s", 1, "t"), Event("k", "s", 1, "t")
+    assert a == b and a.detail == Detail() and a.detail is not b.detail
+    assert (a.rank, a.partial, a.occurrences, a.repeats) == (None, False, (), 0)
+    full = Event(*[f"v{i}" for i in range(len(names))])
+    assert [getattr(full, n) for n in names] == [f"v{i}" for i in range(len(names))]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.rank = 3  # type: ignore[misc]
