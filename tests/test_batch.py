@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import fnmatch
 import gzip
 import json
 import os
@@ -17,6 +18,8 @@ from typing import Any
 import pandas as pd
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nccl_triage import batch as b
 from nccl_triage.batch import job as batch_job
@@ -762,3 +765,18 @@ def test_the_cache_names_a_file_by_its_real_path(tmp_path: Path) -> None:
             assert cache._realpath(path) == os.path.realpath(path), path
     finally:
         cache.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["*.log", "*.txt", "job?.out", "[ab]*.err", "*fr_trace*", "x"]), max_size=4
+    ),
+    st.text(alphabet="abjoxfrtce_.-?*[]0123456789logutr", max_size=16),
+)
+def test_file_names_match_the_globs_as_fnmatch_says(patterns: list[str], name: str) -> None:
+    """The globs of --include and --fr-pattern, as one pattern: fnmatch's answer for each."""
+    from nccl_triage.batch.inputs import _globs
+
+    expected = any(fnmatch.fnmatch(name, p) for p in patterns)
+    assert (_globs(tuple(patterns)).match(os.path.normcase(name)) is not None) == expected

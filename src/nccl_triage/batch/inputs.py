@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import glob
 import os
 import re
@@ -141,7 +142,16 @@ def is_dump_name(name: str, fr_patterns: Sequence[str] = DEFAULT_FR_PATTERNS) ->
     followed by extensions (``nccl_trace_rank_3``, ``fr_dump_3.json``, ``job7_fr_trace_12.pkl``).
     """
     base = name.rstrip("/").rsplit("/", 1)[-1]
-    return rank_from_name(base) is not None and any(fnmatch.fnmatch(base, p) for p in fr_patterns)
+    matched = _globs(tuple(fr_patterns)).match(os.path.normcase(base)) is not None
+    return matched and rank_from_name(base) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _globs(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """Whether a name matches any of the globs, as ``fnmatch.fnmatch`` says: one pattern."""
+    if not patterns:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(f"(?:{fnmatch.translate(os.path.normcase(p))})" for p in patterns))
 
 
 def _file_url_path(url: str) -> str:
@@ -173,7 +183,7 @@ def _included(name: str, include: Sequence[str]) -> bool:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
             break
-    return any(fnmatch.fnmatch(base, pat) for pat in include)
+    return _globs(tuple(include)).match(os.path.normcase(base)) is not None
 
 
 def _discover_local(path: str, take: _Take) -> list[InputFile]:
