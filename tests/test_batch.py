@@ -440,6 +440,25 @@ def test_process_pool_gives_the_serial_table(tmp_path: Path, ruleset: Any) -> No
     pd.testing.assert_frame_equal(serial.table(), pool.table())
 
 
+def test_a_pool_with_a_cold_cache_hashes_as_it_hands_jobs_out(tmp_path: Path, ruleset: Any) -> None:
+    """With a cache that knows none of the files, the jobs are hashed as the workers ask for
+    them: the same table as the serial run's, every result stored; the next run reads them
+    all from the cache, and a changed file alone is triaged again."""
+    make_archive(tmp_path / "archive")
+    opts = b.BatchOptions(workers=2, db=tmp_path / "c.sqlite")
+    serial = b.run_batch([str(tmp_path / "archive")], ruleset, b.BatchOptions(workers=1))
+    cold = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
+    assert cold.stats.engine == "processes" and cold.stats.triaged == cold.stats.jobs
+    pd.testing.assert_frame_equal(serial.table(), cold.table())
+    warm = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
+    assert (warm.stats.triaged, warm.stats.cached) == (0, warm.stats.jobs)
+    pd.testing.assert_frame_equal(serial.table(), warm.table())
+    changed = min((tmp_path / "archive").rglob("*.log"))
+    changed.write_text(changed.read_text() + "one more line\n")
+    again = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
+    assert (again.stats.triaged, again.stats.cached) == (1, again.stats.jobs - 1)
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -82,6 +82,7 @@ class ResultCache:
         self.db = sqlite3.connect(str(path), timeout=30)
         self._real_dirs: dict[str, str] = {}  # a directory -> its real path
         self._new_files: list[tuple[str, int, int, int, str]] = []  # written at commit
+        self._looked: dict[str, tuple[str | None, FileKey]] = {}  # by knows(), for digest()
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
@@ -116,7 +117,8 @@ class ResultCache:
         """
         if f.is_url:
             return _url_digest(f)
-        known, where = self.remembered(f)
+        looked = self._looked.pop(f.path, None)  # (what knows() found a moment ago)
+        known, where = looked if looked is not None else self.remembered(f)
         if known is not None:
             return known
         try:
@@ -125,6 +127,19 @@ class ResultCache:
             raise InputError(f.name, os_error_reason(exc)) from None
         self.remember(where, digest)
         return digest
+
+    def knows(self, files: Sequence[InputFile]) -> bool:
+        """Whether every local file is remembered with its hash (none to work out)."""
+        for f in files:
+            if f.error or f.is_url:
+                continue
+            try:
+                looked = self._looked[f.path] = self.remembered(f)
+            except InputError:
+                continue  # (its error comes when the job is looked up)
+            if looked[0] is None:
+                return False
+        return True
 
     def remembered(self, f: InputFile) -> tuple[str | None, FileKey]:
         """A local file's remembered hash (None: none for its path, size, mtime and inode).

@@ -6,8 +6,9 @@ the grammar once and never import pandas, so forking a pool stays cheap and safe
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -108,13 +109,28 @@ def run_serial(
 
 
 def run_processes(
-    jobs: list[Job], ruleset: Ruleset, workers: int, progress: Progress | None = None
+    jobs: Iterable[Job],
+    ruleset: Ruleset,
+    workers: int,
+    progress: Progress | None = None,
+    total: int | None = None,
 ) -> Iterator[tuple[Job, JobResult]]:
-    """Triage jobs in a pool of ``workers`` processes, yielding results as they come."""
+    """Triage jobs in a pool of ``workers`` processes, yielding results as they come.
+
+    A list is handed out largest jobs first; any other iterable is drawn as the workers need
+    more (a few chunks ahead), so whatever makes its jobs (hashing them for the cache) runs
+    while the workers triage. ``total``: how many jobs there are at most (for ``progress``).
+    """
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
+    if isinstance(jobs, list):
+        total = len(jobs)
+        chunks: Iterator[list[Job]] = iter(_chunks(jobs, workers, 32))
+    else:
+        size = max(1, min(32, (total or 0) // (workers * 8) or 1))
+        chunks = _chunked(iter(jobs), size)
     context = multiprocessing.get_context(_start_method())
     if context.get_start_method() == "fork":
         from nccl_triage.parse.grammar import parser
@@ -123,21 +139,34 @@ def run_processes(
     elif context.get_start_method() == "forkserver":
         context.set_forkserver_preload(["nccl_triage.batch.job"])
     done = 0
+    ahead = workers * 4  # chunks handed out before their turn: no worker waits for the next
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_init_worker, initargs=(ruleset,)
     ) as pool:
-        futures = {pool.submit(_run_chunk, chunk): chunk for chunk in _chunks(jobs, workers, 32)}
-        for fut in as_completed(futures):
-            chunk = futures[fut]
-            try:
-                results = fut.result()
-            except BrokenProcessPool as exc:
-                msg = f"a worker process died ({exc or 'killed'})"
-                results = [failed_result(j, msg) for j in chunk]
-            yield from zip(chunk, results, strict=True)
-            done += len(chunk)
-            if progress:
-                progress(done, len(jobs))
+        pending: dict[Future[list[JobResult]], list[Job]] = {}
+        for chunk in itertools.islice(chunks, ahead):
+            pending[pool.submit(_run_chunk, chunk)] = chunk
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                chunk = pending.pop(fut)
+                try:
+                    results = fut.result()
+                except BrokenProcessPool as exc:
+                    msg = f"a worker process died ({exc or 'killed'})"
+                    results = [failed_result(j, msg) for j in chunk]
+                yield from zip(chunk, results, strict=True)
+                done += len(chunk)
+                if progress:
+                    progress(done, max(done, total or done))
+            for chunk in itertools.islice(chunks, len(finished)):
+                pending[pool.submit(_run_chunk, chunk)] = chunk
+
+
+def _chunked(jobs: Iterator[Job], size: int) -> Iterator[list[Job]]:
+    """Lists of ``size`` jobs (the last one shorter), drawn as they are asked for."""
+    while chunk := list(itertools.islice(jobs, size)):
+        yield chunk
 
 
 def _start_method() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,26 +149,39 @@ def run_batch(
         except (OSError, sqlite3.Error) as exc:
             stats.cache_note = f"cache {opts.db} not used: {exc}"
     outcomes: dict[str, Outcome] = {}
-    todo: list[Job] = []
     keys: dict[str, str] = {}
-    for job in jobs:
+
+    def looked_up(job: Job) -> Job | None:
+        """The job to triage, or None: unreadable, or its result cached (its outcome kept)."""
         if all(f.error for f in job.files):
             outcomes[job.name] = Outcome(job, _unreadable(job))
-            continue
+            return None
         if cache is not None:
             job = _hashed(job, cache, keys)  # files unreadable now carry their error
             if all(f.error for f in job.files):
                 outcomes[job.name] = Outcome(job, _unreadable(job))
-                continue
+                return None
             hit = cache.get(keys[job.name]) if job.name in keys else None
             if hit is not None:
                 outcomes[job.name] = Outcome(job, _renamed(hit, job), cached=True)
                 stats.cached += 1
-                continue
-        todo.append(job)
+                return None
+        return job
+
+    # Jobs whose files the cache knows (or without a cache) are looked up now; the others,
+    # whose files must be hashed first, as the engine asks for them (a pool of workers
+    # triages the first ones while the next ones are hashed).
+    todo: list[Job] = []
+    new: list[Job] = []
+    for job in jobs:
+        if cache is not None and not cache.knows(job.files):
+            new.append(job)
+        elif (ready := looked_up(job)) is not None:
+            todo.append(ready)
     workers = opts.workers or os.cpu_count() or 1
     try:
-        for job, result in _engine(todo, ruleset, opts, workers, stats, progress):
+        found = _engine(todo, new, looked_up, ruleset, opts, workers, stats, progress)
+        for job, result in found:
             outcomes[job.name] = Outcome(job, result)
             stats.triaged += 1
             if cache is not None and job.name in keys and _cacheable(result):
@@ -243,20 +256,36 @@ def _unreadable(job: Job) -> JobResult:
 
 def _engine(
     todo: list[Job],
+    new: list[Job],
+    looked_up: Callable[[Job], Job | None],
     ruleset: Ruleset,
     opts: BatchOptions,
     workers: int,
     stats: BatchStats,
     progress: Progress | None,
 ) -> Iterator[tuple[Job, JobResult]]:
+    """Triage ``todo``, then what ``looked_up`` leaves of ``new`` (looked up as they go)."""
+
+    def rest() -> Iterator[Job]:
+        yield from todo
+        for job in new:
+            ready = looked_up(job)
+            if ready is not None:
+                yield ready
+
+    count = len(todo) + len(new)  # at most
     if opts.engine == "dask":
         stats.engine, stats.workers = "dask", workers
-        if not todo:
+        jobs = list(rest())
+        if not jobs:
             return iter(())
-        return run_dask(todo, ruleset, opts.scheduler, workers, progress)
-    if workers <= 1 or (opts.workers == 0 and len(todo) < SERIAL_BELOW):
+        return run_dask(jobs, ruleset, opts.scheduler, workers, progress)
+    if workers <= 1 or (opts.workers == 0 and count < SERIAL_BELOW):
         stats.engine, stats.workers = "serial", 1
-        return run_serial(todo, ruleset, progress)
-    workers = min(workers, max(1, len(todo)))
-    stats.engine, stats.workers = "processes", workers
-    return run_processes(todo, ruleset, workers, progress)
+        return run_serial(list(rest()), ruleset, progress)
+    if not new:
+        workers = min(workers, max(1, len(todo)))
+        stats.engine, stats.workers = "processes", workers
+        return run_processes(todo, ruleset, workers, progress)
+    stats.engine, stats.workers = "processes", min(workers, count)
+    return run_processes(rest(), ruleset, stats.workers, progress, total=count)
