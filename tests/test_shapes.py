@@ -94,6 +94,15 @@ def full(report: Report) -> tuple[object, ...]:
     )
 
 
+def assert_read_alike(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report of reading lines by their shape is the report of reading each in full."""
+    by_shape = triage_text(text, RULESET)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "SHAPE_BYTES", -1)
+        each = triage_text(text, RULESET)
+    assert full(by_shape) == full(each)
+
+
 @settings(
     max_examples=120,
     deadline=None,
@@ -135,11 +144,7 @@ def test_every_digit_is_read_where_it_decides(
     """Each digit in turn, and in reverse: a line of a shape seen before is still searched."""
     for order in ("0123456789", "9876543210"):
         text = "".join(template.replace("D", d) + "\n" for d in order)
-        by_shape = triage_text(text, RULESET)
-        with monkeypatch.context() as m:
-            m.setattr(pipeline, "SHAPE_BYTES", -1)
-            each = triage_text(text, RULESET)
-        assert full(by_shape) == full(each)
+        assert_read_alike(text, monkeypatch)
 
 
 def test_digit_blind_patterns() -> None:
@@ -174,11 +179,7 @@ def test_every_signal_example_with_other_digits_reads_alike(
     # and a failure after them: its window reads them again (what each rank printed last)
     failure = FAILURE.replace("R", "1").replace("D", "7")
     text = "\n".join([*variants, failure]) + "\n"
-    by_shape = triage_text(text, RULESET)
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "SHAPE_BYTES", -1)
-        each = triage_text(text, RULESET)
-    assert full(by_shape) == full(each)
+    assert_read_alike(text, monkeypatch)
 
 
 def test_shapes_are_given_up_where_they_do_not_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,11 +239,7 @@ def test_a_digit_that_decides_what_a_rank_printed_is_read_in_every_line(
         for i, d in enumerate([first, other, first])
     )
     text += FAILURE.replace("R", "1").replace("D", "7") + "\n"
-    by_shape = triage_text(text, RULESET)
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "SHAPE_BYTES", -1)
-        each = triage_text(text, RULESET)
-    assert full(by_shape) == full(each)
+    assert_read_alike(text, monkeypatch)
 
 
 @pytest.mark.parametrize("first", ["1", "2"])
@@ -258,8 +255,4 @@ def test_a_digit_that_decides_whether_the_grammar_reads_a_line(
         for i, d in enumerate([first, other, first, other])
     )
     text += FAILURE.replace("R", "0").replace("D", "7") + "\n"
-    by_shape = triage_text(text, RULESET)
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "SHAPE_BYTES", -1)
-        each = triage_text(text, RULESET)
-    assert full(by_shape) == full(each)
+    assert_read_alike(text, monkeypatch)

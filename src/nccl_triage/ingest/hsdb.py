@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import platform
-import stat
-import tempfile
 import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from nccl_triage.ingest.private import cache_dir, read_private, write_atomic
 
 _FORMAT = b"nccl-triage hyperscan database 1\n"  # bump when the file layout changes
 _MAX_FILE = 64 << 20  # a database of a few hundred anchors is ~150 KB
@@ -297,34 +296,14 @@ def _cpu_features() -> str:
 
 def _cache_dir() -> Path | None:
     """The cache directory, created private to the user; None when it cannot be trusted."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "nccl-triage" / "scan"
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not _private(st) or not stat.S_ISDIR(st.st_mode):
-        return None
-    return path
-
-
-def _private(st: os.stat_result) -> bool:
-    """Owned by the user running us and writable by no one else."""
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return cache_dir("scan")
 
 
 def _read(hs: Any, path: Path) -> Any:
     """The database stored at ``path``, or None (absent, not private, damaged, not loadable)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+    data = read_private(path, _MAX_FILE)
+    if data is None:
         return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or not _private(st) or st.st_size > _MAX_FILE:
-            return None
-        data = fh.read(_MAX_FILE + 1)
     head = len(_FORMAT) + _DIGEST
     if len(data) <= head or not data.startswith(_FORMAT):
         return None
@@ -339,20 +318,8 @@ def _read(hs: Any, path: Path) -> Any:
 
 def _write(path: Path, payload: bytes) -> None:
     """Store a database atomically (a private temporary file renamed into place); best effort."""
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".hsdb")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(_FORMAT + hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, path)
-        tmp = None
+    if write_atomic(path, _FORMAT + hashlib.sha256(payload).digest() + payload, ".hsdb"):
         _prune(path.parent)
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _prune(directory: Path) -> None:

@@ -21,12 +21,11 @@ import hashlib
 import importlib.util
 import json
 import os
-import stat
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from nccl_triage.ingest.private import cache_dir, read_private, write_atomic
 from nccl_triage.ruleset.safeyaml import YamlMap, YamlSeq
 
 _FORMAT = "nccl-triage rule documents 1"
@@ -72,23 +71,11 @@ def save() -> None:
     if not _changed or _known is None:
         return
     _changed = False
-    directory = _directory()
+    directory = cache_dir("rules")
     if directory is None:
         return
     blob = json.dumps({"stamp": _stamp(), "documents": _known}, separators=(",", ":"))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(blob)
-        os.replace(tmp, directory / _NAME)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    write_atomic(directory / _NAME, blob.encode("utf-8"), ".json")
 
 
 @cache
@@ -124,18 +111,10 @@ def _load() -> dict[str, Any]:
 
 def _read() -> dict[str, Any]:
     """The documents on disk, or none (absent, not private, damaged, another version)."""
-    directory = _directory(create=False)
-    if directory is None:
+    directory = cache_dir("rules", create=False)
+    data = read_private(directory / _NAME, _MAX_FILE) if directory is not None else None
+    if data is None:
         return {}
-    try:
-        fd = os.open(directory / _NAME, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return {}
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or not _private(st) or st.st_size > _MAX_FILE:
-            return {}
-        data = fh.read(_MAX_FILE + 1)
     try:
         blob = json.loads(data)
     except ValueError:
@@ -144,26 +123,6 @@ def _read() -> dict[str, Any]:
         return {}
     documents = blob.get("documents")
     return documents if isinstance(documents, dict) else {}
-
-
-def _directory(create: bool = True) -> Path | None:
-    """The cache directory, private to the user; None when it cannot be trusted."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "nccl-triage" / "rules"
-    try:
-        if create:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not _private(st) or not stat.S_ISDIR(st.st_mode):
-        return None
-    return path
-
-
-def _private(st: os.stat_result) -> bool:
-    """Owned by the user running us and writable by no one else."""
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 # A document as JSON: a mapping is ["m", line, [[key, key line, value], ...]], a list
