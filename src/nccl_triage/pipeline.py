@@ -423,7 +423,7 @@ class Triage:
             if shape.count == 1:  # all of it: the context windows reuse it
                 inp.peeled[lineno] = ([line], shape.hits, shape.searched)
             return True
-        lines: list[Line] = []
+        lines: list[Line] = []  # (a line redrawn in parts: never the grammar's, one part each)
         for part in parts:
             line_or_none = self._shaped_line(
                 source, lineno, raw[part.start : part.stop].decode("utf-8"), part
