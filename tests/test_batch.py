@@ -799,3 +799,31 @@ def test_file_names_match_the_globs_as_fnmatch_says(patterns: list[str], name: s
 
     expected = any(fnmatch.fnmatch(name, p) for p in patterns)
     assert (_globs(tuple(patterns)).match(os.path.normcase(name)) is not None) == expected
+
+
+def test_a_worker_that_dies_fails_its_jobs_not_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed in the middle (the OOM killer): the jobs it held, and those no worker
+    can take any more, get a failed result each; every job has one, the batch goes on."""
+    from nccl_triage.batch import engines
+    from nccl_triage.batch.inputs import Job
+
+    # (the stand-in for a job is a function of this process: the workers must be its forks)
+    monkeypatch.setattr(engines, "_start_method", lambda: "fork")
+
+    def triage(job: Job, ruleset: Any) -> dict[str, Any]:
+        if job.name == "job-050":
+            os._exit(9)
+        return {"verdict": "clean", "errors": []}
+
+    monkeypatch.setattr(engines, "_safe_triage", triage)
+    jobs = [Job(f"job-{i:03d}", (), "file") for i in range(200)]
+    for handed in (jobs, iter(jobs)):
+        got = dict(engines.run_processes(handed, load_ruleset(), 2, total=200))
+        assert sorted(j.name for j in got) == [j.name for j in jobs]
+        died = [j.name for j, r in got.items() if r.get("verdict") is None]
+        assert "job-050" in died
+        assert all(
+            "a worker process died" in str(got_r["errors"])
+            for j, got_r in got.items()
+            if j.name in died
+        )

@@ -771,8 +771,8 @@ def settle_collector() -> None:
     collector runs every 700 of them and keeps walking everything start-up built (rules,
     grammar, compiled patterns): about a fifth of the time of a triage of a 1.2 GB log. What
     exists now is frozen out of its walks, and it runs every 20,000 allocations. Only the
-    command line and the live analyser call this: a program that imports the library keeps
-    its own settings.
+    command line, the live analyser and the batch's own worker processes call this: a program
+    that imports the library keeps its own settings.
     """
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)

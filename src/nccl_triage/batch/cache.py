@@ -117,7 +117,7 @@ class ResultCache:
         """
         if f.is_url:
             return _url_digest(f)
-        looked = self._looked.pop(f.path, None)  # (what knows() found a moment ago)
+        looked = self._looked.pop(f.path, None)  # (what knows() found, earlier in the run)
         known, where = looked if looked is not None else self.remembered(f)
         if known is not None:
             return known

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -140,27 +141,46 @@ def run_processes(
         context.set_forkserver_preload(["nccl_triage.batch.job"])
     done = 0
     ahead = workers * 4  # chunks handed out before their turn: no worker waits for the next
+    broken: str | None = None  # why the pool cannot take more (a worker died)
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_init_worker, initargs=(ruleset,)
     ) as pool:
         pending: dict[Future[list[JobResult]], list[Job]] = {}
-        for chunk in itertools.islice(chunks, ahead):
-            pending[pool.submit(_run_chunk, chunk)] = chunk
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+        failed: list[list[Job]] = []  # chunks no worker will take
+
+        def hand_out(count: int) -> None:
+            nonlocal broken
+            for chunk in itertools.islice(chunks, count):
+                if broken is None:
+                    try:
+                        pending[pool.submit(_run_chunk, chunk)] = chunk
+                        continue
+                    except BrokenProcessPool as exc:
+                        broken = f"a worker process died ({exc or 'killed'})"
+                failed.append(chunk)
+
+        hand_out(ahead)
+        while pending or failed:
+            finished = wait(pending, return_when=FIRST_COMPLETED)[0] if pending else set()
+            out: list[tuple[list[Job], list[JobResult]]] = []
             for fut in finished:
                 chunk = pending.pop(fut)
                 try:
-                    results = fut.result()
+                    out.append((chunk, fut.result()))
                 except BrokenProcessPool as exc:
-                    msg = f"a worker process died ({exc or 'killed'})"
-                    results = [failed_result(j, msg) for j in chunk]
+                    broken = broken or f"a worker process died ({exc or 'killed'})"
+                    out.append((chunk, [failed_result(j, broken) for j in chunk]))
+            hand_out(len(finished))
+            if broken is not None:  # the rest as the old pool failed them: every job, at once
+                hand_out(sys.maxsize)
+            while failed:
+                chunk = failed.pop(0)
+                out.append((chunk, [failed_result(j, broken or "not triaged") for j in chunk]))
+            for chunk, results in out:
                 yield from zip(chunk, results, strict=True)
                 done += len(chunk)
                 if progress:
                     progress(done, max(done, total or done))
-            for chunk in itertools.islice(chunks, len(finished)):
-                pending[pool.submit(_run_chunk, chunk)] = chunk
 
 
 def _chunked(jobs: Iterator[Job], size: int) -> Iterator[list[Job]]:

@@ -28,7 +28,8 @@ _NOT_OUTPUT = re.compile(
     r"|terminate called|what\(\):|W\d{4} |E\d{4} |I\d{4} |\*{4,})"
 )
 # The digits _NOT_OUTPUT writes out (a frame's address), masked as line shapes are (every digit
-# a 0): where a shape holds none of them, no digit decides the match (a test checks it).
+# a 0): where a shape holds none of them, no ASCII digit decides the match (a test checks it;
+# shapes mask ASCII digits only, and \d takes every one of them).
 _NOT_OUTPUT_DIGITS = (b"0x",)
 
 
@@ -36,7 +37,7 @@ class Searcher(Protocol):
     """A compiled pattern (``re`` or RE2): does it match somewhere in a text."""
 
     def search(self, text: str) -> object:
-        """A match object, or None."""
+        """Something true (a match, True) when the pattern is in ``text``, else None or False."""
 
 
 class ContextClassifier:

@@ -231,7 +231,7 @@ _T = TypeVar("_T")
 def _direct_init(cls: type[_T]) -> type[_T]:
     """Give a frozen slotted dataclass an ``__init__`` that sets its slots directly.
 
-    The same signature, defaults and result as the generated one (which goes through
+    The same parameters, defaults and result as the generated one (which goes through
     ``object.__setattr__`` for each field, past the frozen class's guard), at less than half
     its cost: a job's triage builds dozens of events.
     """
@@ -239,7 +239,8 @@ def _direct_init(cls: type[_T]) -> type[_T]:
     params: list[str] = []
     body: list[str] = []
     for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
-        assert f.init and not f.kw_only, f.name
+        if not f.init or f.kw_only:
+            raise TypeError(f"{cls.__name__}.{f.name}: not a plain field of __init__")
         ns[f"_set{i}"] = getattr(cls, f.name).__set__  # the slot's own descriptor
         if f.default is not MISSING:
             ns[f"_d{i}"] = f.default
@@ -251,7 +252,8 @@ def _direct_init(cls: type[_T]) -> type[_T]:
         else:
             params.append(f.name)
         body.append(f"_set{i}(self, {f.name})")
-    assert not hasattr(cls, "__post_init__")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} has a __post_init__")
     source = f"def __init__(self, {', '.join(params)}):\n" + "".join(f"    {b}\n" for b in body)
     exec(source, ns)  # noqa: S102 - code made here from the class's own field names
     init = ns["__init__"]
@@ -307,5 +309,8 @@ def evolve(obj: _T, **changes: Any) -> _T:
     get, index = shape
     args = list(get(obj))
     for name, value in changes.items():
-        args[index[name]] = value
+        at = index.get(name)
+        if at is None:
+            raise TypeError(f"{cls.__name__} has no field {name!r}")
+        args[at] = value
     return cls(*args)

@@ -339,13 +339,16 @@ _LAYER_RX = (
     _C10,
     _GLOG,
 )
-_QUOTE_AT = 1
-_SIMPLE_AT = 5
+_QUOTE_AT = _LAYER_RX.index(_QUOTE)
+_SIMPLE_AT = _LAYER_RX.index(_SIMPLE[0][1])
+assert _LAYER_RX.index(_SPACE) < _QUOTE_AT < _SIMPLE_AT  # (spaces and quotes first)
+assert not any(rx.groupindex or rx.flags & ~re.UNICODE for rx in _LAYER_RX)  # one pattern
 _ANY_LAYER = re.compile("|".join(f"({rx.pattern})" for rx in _LAYER_RX))
 _LAYER_AT: dict[int, int] = {}
-for _i, _rx in enumerate(_LAYER_RX):
+for _i in range(len(_LAYER_RX)):
     # each layer's group comes after the groups of the layers before it
     _LAYER_AT[1 + _i + sum(r.groups for r in _LAYER_RX[:_i])] = _i
+del _i
 
 
 def _set_time(

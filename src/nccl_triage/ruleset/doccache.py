@@ -5,8 +5,8 @@ their lines) and its duplicate-key problems, when a file of the same text was pa
 the same code. Parsing the built-in rules takes about 30 ms and importing the
 YAML parser 15 ms more; reading them back takes a few.
 
-The documents live in ``$XDG_CACHE_HOME/nccl-triage/rules/documents.json`` (else under
-``~/.cache``), keyed by the SHA-256 of each file's text. The cache is used only when it is
+The documents live in ``$XDG_CACHE_HOME/nccl-triage/rules/`` (else under ``~/.cache``), one
+file per parsing code and PyYAML install, keyed by the SHA-256 of each file's text. The cache is used only when it is
 safe: a directory and a file owned by the user and writable by no one else, no symbolic link,
 plain JSON that decodes to mappings, lists and scalars only (nothing is built from it but
 :class:`YamlMap` and :class:`YamlSeq`), written to a temporary file and renamed into place.
@@ -31,7 +31,7 @@ from nccl_triage.ruleset.safeyaml import YamlMap, YamlSeq
 _FORMAT = "nccl-triage rule documents 1"
 _MAX_FILE = 16 << 20
 _KEEP = 4096  # documents kept (the built-in rules are ~50)
-_NAME = "documents.json"
+_STAMPS_KEPT = 4  # files kept, one per parsing code and PyYAML (environments sharing a cache)
 
 _Entry = tuple[Any, list[tuple[int, str]]]
 _known: dict[str, Any] | None = None  # digest -> [encoded document, problems], once read
@@ -47,7 +47,7 @@ def lookup(text: str) -> _Entry | None:
     try:
         doc, problems = entry
         return _decode(doc), [(int(line), str(msg)) for line, msg in problems]
-    except (TypeError, ValueError, KeyError, IndexError):
+    except (TypeError, ValueError, KeyError, IndexError, RecursionError):
         return None  # (a damaged entry: parsed again)
 
 
@@ -75,7 +75,22 @@ def save() -> None:
     if directory is None:
         return
     blob = json.dumps({"stamp": _stamp(), "documents": _known}, separators=(",", ":"))
-    write_atomic(directory / _NAME, blob.encode("utf-8"), ".json")
+    if len(blob) <= _MAX_FILE and write_atomic(_file(directory), blob.encode("utf-8"), ".json"):
+        _prune(directory)
+
+
+def _file(directory: Path) -> Path:
+    """This code's file: named by its stamp (another install keeps its own)."""
+    return directory / f"documents-{_stamp()[:16]}.json"
+
+
+def _prune(directory: Path) -> None:
+    """Keep the newest few files (installs come and go; each writes its own)."""
+    with contextlib.suppress(OSError):
+        found = [(f.stat().st_mtime, f) for f in directory.glob("documents-*.json")]
+        for _, old in sorted(found, reverse=True)[_STAMPS_KEPT:]:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 @cache
@@ -86,7 +101,7 @@ def _stamp() -> str:
     """
     h = hashlib.sha256(_FORMAT.encode())
     here = Path(__file__).parent
-    for name in ("safeyaml.py", "yamlparse.py"):
+    for name in ("safeyaml.py", "yamlparse.py", "doccache.py"):
         with contextlib.suppress(OSError):
             h.update((here / name).read_bytes())
     spec = importlib.util.find_spec("yaml")
@@ -112,12 +127,12 @@ def _load() -> dict[str, Any]:
 def _read() -> dict[str, Any]:
     """The documents on disk, or none (absent, not private, damaged, another version)."""
     directory = cache_dir("rules", create=False)
-    data = read_private(directory / _NAME, _MAX_FILE) if directory is not None else None
+    data = read_private(_file(directory), _MAX_FILE) if directory is not None else None
     if data is None:
         return {}
     try:
         blob = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a document nested beyond reason)
         return {}
     if not isinstance(blob, dict) or blob.get("stamp") != _stamp():
         return {}
