@@ -28,6 +28,7 @@ from nccl_triage.batch.inputs import (
     os_error_reason,
 )
 from nccl_triage.errors import InputError
+from nccl_triage.ingest.private import cache_root
 
 # ----------------------------------------------------------------------------- cache
 
@@ -47,8 +48,7 @@ def file_digest(path: str) -> str:
 
 def default_db() -> Path:
     """``$XDG_CACHE_HOME/nccl-triage/batch.sqlite``, or under ``~/.cache``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "nccl-triage" / "batch.sqlite"
+    return cache_root() / "batch.sqlite"
 
 
 # Modules that cannot change a job's result: the command line, live watching, rule tests.

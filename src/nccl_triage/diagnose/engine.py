@@ -80,8 +80,8 @@ def _evaluate(
     by_kind: dict[str, list[Event]],
     facts: dict[str, Any],
     ends: Mapping[str, int],
-    own: frozenset[tuple[str, int]] = frozenset(),
-    ranks: Ranks | None = None,
+    own: frozenset[tuple[str, int]],
+    ranks: Ranks,
 ) -> tuple[Finding | None, str]:
     for cond in rule.facts:
         if not holds(cond, facts.get(cond.field)):
@@ -100,8 +100,6 @@ def _evaluate(
     if first is not None and first.present and not first.optional and not by_kind.get(first.event):
         # no event of the first clause's kind at all: every trigger fails there (as _try says)
         return None, _missing(0, first, tried[-1])
-    if ranks is None:
-        ranks = Ranks.of(facts)
     best: Finding | None = None
     last_reason = ""
     for trigger in tried:
@@ -410,21 +408,7 @@ def _missing(i: int, clause: Clause, trigger: Event) -> str:
     return f"context[{i}]: no {clause.event} {_window(clause)} of line {trigger.line}"
 
 
-_WINDOWS: dict[int, tuple[Clause, str]] = {}  # by clause identity (a clause may not hash)
-
-
 def _window(clause: Clause) -> str:
-    known = _WINDOWS.get(id(clause))
-    if known is not None and known[0] is clause:
-        return known[1]
-    if len(_WINDOWS) > 4096:
-        _WINDOWS.clear()
-    text = _window_text(clause)
-    _WINDOWS[id(clause)] = (clause, text)
-    return text
-
-
-def _window_text(clause: Clause) -> str:
     parts = []
     if clause.lines is not None:
         parts.append(f"{clause.lines} lines")

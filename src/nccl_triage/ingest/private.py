@@ -17,10 +17,15 @@ import tempfile
 from pathlib import Path
 
 
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/nccl-triage``, or ``~/.cache/nccl-triage``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nccl-triage"
+
+
 def cache_dir(name: str, create: bool = True) -> Path | None:
     """The directory ``name`` of the cache, private to the user; None when not trusted."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "nccl-triage" / name
+    path = cache_root() / name
     try:
         if create:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
