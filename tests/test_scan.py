@@ -185,11 +185,13 @@ def test_scan_equals_naive_reference(name: str, data: st.DataObject) -> None:
 def test_scan_with_newlines_found_in_one_pass_equals_the_reference(
     name: str, data: st.DataObject
 ) -> None:
-    """Large inputs have their newlines found by numpy in one pass per range: the same lines."""
+    """Large inputs have their candidates' line numbers worked out by numpy, every newline found
+    (dense candidates) or those between candidates counted (sparse ones): the same lines."""
     prefilter._load_numpy()
     text = data.draw(logs(PIECES, b"xyz", 120))
     cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=12))
-    with params(**SMALL[name], _VECTOR=data.draw(st.integers(1, 64))):
+    vector, dense = data.draw(st.integers(1, 64)), data.draw(st.integers(1, 200))
+    with params(**SMALL[name], _VECTOR=vector, _DENSE=dense):
         check(text, chunked(text, cuts), SMALL_ANCHORS)
 
 
@@ -286,7 +288,9 @@ def test_numpy_newline_counts(data: st.DataObject) -> None:
     text = data.draw(logs(PIECES, b"xyz", 40))
     cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=6))
     prefilter._load_numpy()
-    with params(_SMALL=0, _BLOCK=7, MAX_LINE=8, LONG_LINE=24, LOOKAHEAD=3):
+    with params(
+        _VECTOR=0, _DENSE=data.draw(st.integers(1, 50)), MAX_LINE=8, LONG_LINE=24, LOOKAHEAD=3
+    ):
         check(text, chunked(text, cuts), SMALL_ANCHORS)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nccl_triage.diagnose.signals import SignalClassifier
+from nccl_triage.diagnose.signals import RUN_GAP_LINES, SignalClassifier
 from nccl_triage.model import Event, Line
 from nccl_triage.parse.anatomy import peel
 from nccl_triage.ruleset import load_ruleset
@@ -149,3 +149,76 @@ def test_the_direct_search_finds_what_the_wrapper_finds(text: str, which: int) -
         assert spans == want_spans
         if spans is not None:
             assert searcher.named(data, spans) == want_named
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(1, 70), st.integers(0, 4), st.integers(0, 59), st.integers(0, 2)),
+        max_size=80,
+    ),
+    cuts=st.lists(st.tuples(st.integers(0, 79), st.integers(RUN_GAP_LINES + 1, 400)), max_size=4),
+    kept=st.integers(1, 4),
+)
+def test_pruning_forgets_exactly_what_ended_before_the_line(
+    steps: list[tuple[int, int, int, int]], cuts: list[tuple[int, int]], kept: int
+) -> None:
+    """Pruned now and then (behind the runs that may still grow, as live triage does), the
+    events are those never pruned, less those that had ended at a cut and were not kept;
+    the runs still open grow as before."""
+    pruned, whole = SignalClassifier(SIGNALS), SignalClassifier(SIGNALS)
+
+    def keep(e: Event) -> bool:
+        return e.line % kept == 0
+
+    def last(e: Event) -> int:
+        return int(e.detail.get("last_line") or e.line)
+
+    n, done = 0, []
+    at = dict(cuts)
+    for i, (gap, choice, second, rank) in enumerate(steps):
+        n += gap
+        pruned.feed(line(n, choice, second, rank))
+        whole.feed(line(n, choice, second, rank))
+        if i in at:
+            cut = n - at[i]
+            gone = [e for e in pruned.events if last(e) < cut and not keep(e)]
+            assert pruned.prune(cut, keep) == len(gone)
+            done.append(cut)
+    assert pruned.events == [
+        e for e in whole.events if not any(last(e) < cut and not keep(e) for cut in done)
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(-5, 70), st.integers(0, 4), st.integers(0, 59), st.integers(0, 2)),
+        max_size=80,
+    ),
+    cuts=st.lists(st.tuples(st.integers(0, 79), st.integers(-50, 50)), max_size=4),
+    kept=st.integers(1, 4),
+)
+def test_pruning_looks_at_what_started_before_the_line_as_at_every_event(
+    steps: list[tuple[int, int, int, int]], cuts: list[tuple[int, int]], kept: int
+) -> None:
+    """Pruning what started before the line (events in order) forgets what pruning every
+    event forgets, keeps the same runs open, and grows them alike afterwards; lines going
+    back (a gap below zero) make it look at every event."""
+    fast, every = SignalClassifier(SIGNALS), SignalClassifier(SIGNALS)
+    every._in_order = False  # the reference: every event looked at
+
+    def keep(e: Event) -> bool:
+        return e.line % kept == 0
+
+    n = 100
+    at = dict(cuts)
+    for i, (gap, choice, second, rank) in enumerate(steps):
+        n += gap
+        fast.feed(line(n, choice, second, rank))
+        every.feed(line(n, choice, second, rank))
+        if i in at:
+            before = n + at[i]
+            assert fast.prune(before, keep) == every.prune(before, keep)
+            assert fast.events == every.events
+    assert fast.events == every.events

@@ -8,6 +8,7 @@ progress bar redrawn a thousand times) becomes one event with ``count`` and ``la
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -201,6 +202,8 @@ class SignalClassifier:
         self._events: list[Event] = []
         self._open: dict[tuple[str, int | None, str], int] = {}  # run -> index in _events
         self._grown: dict[int, _Growth] = {}  # runs extended since their event was built
+        self._in_order = True  # the events' lines ascend (prune then bisects)
+        self._last_start = 0
 
     @property
     def events(self) -> list[Event]:
@@ -215,20 +218,31 @@ class SignalClassifier:
         self._grown.clear()
 
     def prune(self, before_line: int, keep: Callable[[Event], bool] | None = None) -> int:
-        """Forget events that ended before ``before_line`` (unless ``keep``); return how many."""
+        """Forget events that ended before ``before_line`` (unless ``keep``); return how many.
+
+        Where the events came in the order of their lines, only those that started before
+        ``before_line`` are looked at (an event ends where it starts or later).
+        """
         self._build()
+        events = self._events
+        n = bisect.bisect_left(events, before_line, key=_start) if self._in_order else len(events)
         open_runs = {i: key for key, i in self._open.items()}
+        still_open: dict[tuple[str, int | None, str], int] = {}
         kept: list[Event] = []
-        self._open = {}
-        for i, e in enumerate(self._events):
+        for i, e in enumerate(events[:n]):
             ended = int(e.detail.get("last_line") or e.line) < before_line
             if ended and not (keep is not None and keep(e)):
                 continue
             if i in open_runs and not ended:  # runs that ended can no longer be extended
-                self._open[open_runs[i]] = len(kept)
+                still_open[open_runs[i]] = len(kept)
             kept.append(e)
-        dropped = len(self._events) - len(kept)
-        self._events = kept
+        dropped = n - len(kept)
+        for key, i in self._open.items():
+            if i >= n:  # started at or after the line: not ended
+                still_open[key] = i - dropped
+        self._open = still_open
+        if dropped:
+            self._events = kept + events[n:]
         return dropped
 
     def hits(self, line: Line) -> list[int]:
@@ -342,6 +356,8 @@ class SignalClassifier:
             detail_new.update(pat.regex.named(data, spans))
             ev = event_of(line, sid, detail_new)
             self._open[key] = len(self._events)
+            self._in_order = self._in_order and line.lineno >= self._last_start
+            self._last_start = line.lineno
             self._events.append(ev)
             started.append(ev)
         return started
@@ -413,6 +429,10 @@ class _Growth:
             if self.duration_s is not None:
                 detail["duration_s"] = self.duration_s
         return evolve(run, detail=Detail(detail))
+
+
+def _start(event: Event) -> int:
+    return event.line
 
 
 def event_of(line: Line, kind: str, detail: dict[str, str | int | None]) -> Event:
