@@ -8,6 +8,7 @@ machine); bench/bench_live.py measures the real latency.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
 import hashlib
 import itertools
@@ -258,6 +259,22 @@ def test_watch_passes_random_binary_through_byte_for_byte() -> None:
     assert sha(proc.stdout) == sha(data)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert b"final diagnosis at end of input" in proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="Linux pipes only")
+def test_watch_widens_the_pipes_it_reads_and_writes() -> None:
+    """Fewer wake-ups for the job, the pump and the reader of its output: 1 MiB pipes."""
+    proc = subprocess.Popen(
+        [*CLI, "watch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write(b"hello\n")
+    proc.stdin.close()
+    assert proc.stdout.read() == b"hello\n"
+    proc.wait(timeout=60)
+    # its output's pipe outlives it (the test holds the other end)
+    assert fcntl.fcntl(proc.stdout.fileno(), fcntl.F_GETPIPE_SZ) >= 1 << 20
+    proc.stdout.close()
 
 
 def test_watch_passes_a_100_mb_line_without_newline() -> None:

@@ -187,7 +187,7 @@ def test_scan_with_newlines_found_in_one_pass_equals_the_reference(
 ) -> None:
     """Large inputs have their candidates' line numbers worked out by numpy, every newline found
     (dense candidates) or those between candidates counted (sparse ones): the same lines."""
-    prefilter._load_numpy()
+    prefilter.load_numpy()
     text = data.draw(logs(PIECES, b"xyz", 120))
     cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=12))
     vector, dense = data.draw(st.integers(1, 64)), data.draw(st.integers(1, 200))
@@ -287,7 +287,7 @@ def test_edges(text: bytes) -> None:
 def test_numpy_newline_counts(data: st.DataObject) -> None:
     text = data.draw(logs(PIECES, b"xyz", 40))
     cuts = data.draw(st.lists(st.integers(0, 10**6), max_size=6))
-    prefilter._load_numpy()
+    prefilter.load_numpy()
     with params(
         _VECTOR=0, _DENSE=data.draw(st.integers(1, 50)), MAX_LINE=8, LONG_LINE=24, LOOKAHEAD=3
     ):

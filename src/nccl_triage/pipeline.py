@@ -44,7 +44,7 @@ from nccl_triage.ingest.reader import (
     open_binary,
     segment_bounds,
 )
-from nccl_triage.ingest.scan import MAX_LINE, Candidate, Scanner, regex_anchor
+from nccl_triage.ingest.scan import MAX_LINE, Candidate, Prescanned, Scanner, regex_anchor
 from nccl_triage.model import (
     Event,
     Line,
@@ -310,6 +310,13 @@ class Triage:
                 rank_hint,
             )
 
+    def scan_anchors(self) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+        """The anchors of each input's scan, and the grammar's among them (None: all).
+
+        :meth:`Prescanner.make` builds from them a prescanner for another process.
+        """
+        return self._anchors, self._grammar_anchors
+
     def discard(self, source: str) -> None:
         """Forget an input that could not be read to its end (its partial events too)."""
         self._inputs.pop(source, None)
@@ -320,14 +327,23 @@ class Triage:
             self.open(name)
         return self._inputs[name]
 
-    def feed(self, data: bytes, source: str | None = None, now: float = 0.0) -> int:
-        """Take the next bytes of an input; return how many candidate lines they completed."""
+    def feed(
+        self,
+        data: bytes,
+        source: str | None = None,
+        now: float = 0.0,
+        pre: Prescanned | None = None,
+    ) -> int:
+        """Take the next bytes of an input; return how many candidate lines they completed.
+
+        ``pre``: their candidate scan, done elsewhere (see :meth:`scan_anchors`).
+        """
         inp = self._input(source)
         if inp.sniffed < SNIFF_BYTES:
             head = data[: SNIFF_BYTES - inp.sniffed]
             inp.sniffed += len(head)
             inp.nul_bytes += len(head) - len(head.translate(None, _CONTROL_BYTES))
-        return self._take(inp, inp.scanner.feed(data, now))
+        return self._take(inp, inp.scanner.feed(data, now, pre))
 
     def skip(
         self, nbytes: int, newlines: int, tail: bytes, source: str | None = None, now: float = 0.0

@@ -19,6 +19,8 @@ pass where candidates are dense, their line numbers and bounds then found by one
 
 from __future__ import annotations
 
+import struct
+from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -83,7 +85,8 @@ def compile_anchors(anchors: tuple[str, ...]) -> Any:
     return compile_bytes_alternation(*split_anchors(anchors))
 
 
-def _load_numpy() -> None:
+def load_numpy() -> None:
+    """Import numpy for the newline counts of large inputs now (else after _NUMPY_AFTER)."""
     global _np
     if _np is None:
         import numpy  # pandas' dependency
@@ -323,6 +326,91 @@ class History:
         return pos + 1
 
 
+# ----------------------------------------------------------------------------- scanned elsewhere
+
+
+_PRESCANNED = struct.Struct("!QQQ?")
+
+
+@dataclass(frozen=True, slots=True)
+class Prescanned:
+    """The candidate scan of a chunk's complete lines, done in another process (a live pump).
+
+    ``start``/``end``: the range of the chunk scanned, as :meth:`Scanner.feed` cuts it;
+    ``found`` and ``marked`` as :meth:`HyperscanEngine.marked_hits` gives them (``marking``:
+    whether lines holding a grammar's anchor were marked). A scanner uses them only for that
+    very range, and only where it would mark lines alike; else it scans the chunk itself.
+    """
+
+    start: int
+    end: int
+    found: list[int]
+    marked: list[int]
+    marking: bool
+
+    def encode(self) -> bytes:
+        """Plain bytes: a header and two arrays of 64-bit offsets."""
+        head = _PRESCANNED.pack(self.start, self.end, len(self.found), self.marking)
+        return head + array("q", self.found + self.marked).tobytes()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Prescanned | None:
+        """What :meth:`encode` wrote; None for bytes of any other form."""
+        size = _PRESCANNED.size
+        if len(payload) < size or (len(payload) - size) % 8:
+            return None
+        start, end, n, marking = _PRESCANNED.unpack_from(payload)
+        offsets = array("q")
+        offsets.frombytes(payload[size:])
+        if n > len(offsets):
+            return None
+        found, marked = offsets[:n].tolist(), offsets[n:].tolist()
+        for some in (found, marked):
+            if some and (some[0] < start or some[-1] >= end or some != sorted(some)):
+                return None
+        return cls(start, end, found, marked, marking)
+
+
+class Prescanner:
+    """The candidate scan of a stream's chunks, for the :class:`Scanner` of another process.
+
+    Built from the anchors that scanner looks for (Hyperscan only: :meth:`make` gives None
+    for another engine).
+    """
+
+    def __init__(self, engine: HyperscanEngine, marks: list[bool] | None) -> None:
+        self.engine = engine
+        self._marks = marks
+
+    @classmethod
+    def make(cls, anchors: Sequence[str], neighbours: Sequence[str] | None) -> Prescanner | None:
+        """The prescanner of a :class:`Scanner` of these arguments (None: not Hyperscan's).
+
+        Raises:
+            TriageError: ``NCCL_TRIAGE_SCAN`` names no engine.
+        """
+        engine = scan_engine(tuple(anchors))
+        if not isinstance(engine, HyperscanEngine):
+            return None
+        marks = _marks(engine, tuple(neighbours)) if neighbours is not None else None
+        return cls(engine, marks)
+
+    def scan(self, data: bytes, starts_line: bool) -> Prescanned | None:
+        """What a scanner fed ``data`` finds in its complete lines (None: it has none).
+
+        ``starts_line``: the stream's bytes before ``data`` end with a newline (or there are
+        none): its first line is whole.
+        """
+        first = data.find(b"\n")
+        start, end = (0 if starts_line else first + 1), data.rfind(b"\n") + 1
+        if first < 0 or start >= end:
+            return None
+        marks = self._marks
+        marked: set[int] | None = set() if marks is not None else None
+        found = self.engine.marked_hits(data, start, end, marked, marks or ())
+        return Prescanned(start, end, found, sorted(marked or ()), marks is not None)
+
+
 # ----------------------------------------------------------------------------- the scanner
 
 
@@ -402,24 +490,27 @@ class Scanner:
         """When the oldest held candidate was found, or None."""
         return self._pending[0].since if self._pending else None
 
-    def feed(self, data: bytes, now: float = 0.0) -> list[Candidate]:
-        """Take the next bytes; return the candidates whose look-ahead is complete."""
+    def feed(self, data: bytes, now: float = 0.0, pre: Prescanned | None = None) -> list[Candidate]:
+        """Take the next bytes; return the candidates whose look-ahead is complete.
+
+        ``pre``: these bytes' scan, done by a :class:`Prescanner` (used where it fits).
+        """
         if not data:
             return []
         self.bytes += len(data)
         if self.bytes > _NUMPY_AFTER and _np is None:
-            _load_numpy()
+            load_numpy()
         first = data.find(b"\n")
         if first < 0:
             self._grow(data, now)
             return []
         last = data.rfind(b"\n")
         if not self._partial and self._long is None:  # the data starts a line: one scan
-            self._scan(data, 0, last + 1, now)
+            self._scan(data, 0, last + 1, now, pre=pre)
         else:
             self._finish_line(data, first, now)
             if last > first:
-                self._scan(data, first + 1, last + 1, now)
+                self._scan(data, first + 1, last + 1, now, pre=pre)
         self._grow(data[last + 1 :], now)
         return self._ready()
 
@@ -488,7 +579,15 @@ class Scanner:
             self._partial = b""
             self._scan(line, 0, len(line), now)
 
-    def _scan(self, buf: bytes, start: int, end: int, now: float, scan: bool = True) -> None:
+    def _scan(
+        self,
+        buf: bytes,
+        start: int,
+        end: int,
+        now: float,
+        scan: bool = True,
+        pre: Prescanned | None = None,
+    ) -> None:
         """Scan the complete lines of ``buf[start:end]`` (which ends with a newline)."""
         if self._pending and LOOKAHEAD:
             need = max(p.wants - len(p.after) for p in self._pending)
@@ -507,6 +606,14 @@ class Scanner:
         marked: set[int] | None = None
         if not scan:
             found: list[int] = []
+        elif (
+            pre is not None
+            and (pre.start, pre.end) == (start, end)
+            and pre.marking == (marks is not None)
+            and isinstance(self.engine, HyperscanEngine)
+        ):
+            found = pre.found
+            marked = set(pre.marked) if marks is not None else None
         elif marks is not None and isinstance(self.engine, HyperscanEngine):
             marked = set()
             found = self.engine.marked_hits(buf, start, end, marked, marks)

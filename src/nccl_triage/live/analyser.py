@@ -11,7 +11,7 @@ import json
 import os
 import select
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +23,11 @@ from nccl_triage.live.link import (
     FRAME_DATA,
     FRAME_END,
     FRAME_GAP,
+    FRAME_HITS,
     GAP,
     AnalyserConfig,
     FrameReader,
+    announce,
     say,
     write_all,
 )
@@ -33,6 +35,8 @@ from nccl_triage.live.triage import ANALYSER_NICE, EXIT_USAGE, READ_SIZE, LiveSt
 from nccl_triage.pipeline import settle_collector
 
 # ----------------------------------------------------------------------------- the analyser
+
+WARM_AFTER_S = 0.02  # input quiet this long: time to build what the first report needs
 
 
 class ReportSink:
@@ -157,14 +161,18 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
         say(notice)
     try:
         sink = ReportSink(config, ruleset.template_dirs)
-        warm_up(ruleset, sink)
         settle_collector()
-        # Start-up (about a second of CPU) competes fairly, so that the analysis is ready long
-        # before a job fails even on a busy node; from then on it yields to the job.
+        live = LiveTriage(config.source, ruleset, sink)
+        announce(*live.triage.scan_anchors())
+        from nccl_triage.ingest.scan import load_numpy
+
+        load_numpy()  # while the pump gets ready to scan: half a second less at 500 MB/s
+        # Start-up competes fairly, so that the analysis is ready long before a job fails even
+        # on a busy node; from then on it yields to the job. The rest of the warm-up waits for
+        # a moment without input: a job printing from its first instant is read first.
         with contextlib.suppress(OSError):
             os.nice(ANALYSER_NICE)
-        live = LiveTriage(config.source, ruleset, sink)
-        end = serve(0, live)
+        end = serve(0, live, warm=lambda: warm_up(ruleset, sink))
         report = live.finish(end)
     except Exception:  # noqa: BLE001 - a bug must not look like a diagnosis (exit 1)
         import traceback
@@ -197,22 +205,37 @@ def warm_up(ruleset: Ruleset, sink: ReportSink) -> None:
         sink.render(report, LiveStatus(final=False, update=1, line=report.lines))
 
 
-def serve(fd: int, live: LiveTriage) -> dict[str, Any]:
-    """Read frames from ``fd`` into ``live`` until end of input; return the end frame."""
+def serve(fd: int, live: LiveTriage, warm: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Read frames from ``fd`` into ``live`` until end of input; return the end frame.
+
+    ``warm``: done once, at the first moment no input has come for :data:`WARM_AFTER_S`.
+    """
+    from nccl_triage.ingest.scan import Prescanned
+
     reader = FrameReader()
     end: dict[str, Any] = {"reason": "eof"}
+    pre: Prescanned | None = None  # the scan of the next data frame, done by the pump
     while True:
         wait = live.tick()
+        if warm is not None:
+            wait = WARM_AFTER_S if wait is None else min(wait, WARM_AFTER_S)
         ready, _, _ = select.select([fd], [], [], wait)
         if not ready:
+            if warm is not None:
+                warm()
+                warm = None
             continue
         chunk = os.read(fd, READ_SIZE)
         if not chunk:
             return end
         for kind, payload in reader.push(chunk):
             if kind == FRAME_DATA:
-                live.feed(payload)
+                live.feed(payload, pre)
+                pre = None
+            elif kind == FRAME_HITS:
+                pre = Prescanned.decode(payload)
             elif kind == FRAME_GAP:
+                pre = None
                 nbytes, newlines = GAP.unpack_from(payload)
                 live.skip(nbytes, newlines, payload[GAP.size :])
             elif kind == FRAME_END:

@@ -22,18 +22,33 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nccl_triage.ingest.scan import MAX_LINE
-from nccl_triage.live.triage import BACKLOG_LIMIT, DRAIN_TIMEOUT_S, EXIT_USAGE, PIPE_SIZE
+from nccl_triage.ingest.scan import MAX_LINE, Prescanner
+from nccl_triage.live.triage import (
+    BACKLOG_LIMIT,
+    DRAIN_TIMEOUT_S,
+    EXIT_USAGE,
+    PIPE_SIZE,
+    STARTING_BACKLOG,
+)
+
+CATCH_UP_S = 5.0  # the analyser, once started, takes the starting backlog within this long
 
 # ----------------------------------------------------------------------------- pump <-> analyser
 #
 # Frames on the pipe from the pump to the analyser: a kind byte, a 4-byte big-endian length,
-# the payload. D: stream bytes. G: bytes the pump dropped (count, newlines, then the tail after
-# their last newline). E: end of input (JSON: reason, status, signal).
+# the payload. D: stream bytes. H: the candidate scan of the D frame that follows (see
+# Prescanned). G: bytes the pump dropped (count, newlines, then the tail after their last
+# newline). E: end of input (JSON: reason, status, signal).
+#
+# The analyser's standard output comes back to the pump: one JSON line once it is ready,
+# {"anchors": [...], "neighbours": [...]}, the anchors its scan looks for. With them the pump
+# scans each chunk it has time for (its input is idle) and sends the result in an H frame: the
+# pump holds every byte anyway, and the scan is then done on another core than the analysis.
 
 _HEAD = struct.Struct("!cI")
 GAP = struct.Struct("!QQ")
-FRAME_DATA, FRAME_GAP, FRAME_END = b"D", b"G", b"E"
+FRAME_DATA, FRAME_HITS, FRAME_GAP, FRAME_END = b"D", b"H", b"G", b"E"
+ANNOUNCE_MAX = 1 << 20  # the analyser's line longer than this is not listened to
 
 
 class FrameReader:
@@ -84,17 +99,43 @@ def set_pipe_size(fd: int) -> None:
 
 
 class AnalyserLink:
-    """The pump's end of the pipe to the analyser: never blocks, drops the oldest when full."""
+    """The pump's end of the pipe to the analyser: never blocks, drops the oldest when full.
 
-    def __init__(self, proc: subprocess.Popen[bytes], limit: int = BACKLOG_LIMIT) -> None:
+    It holds up to ``limit`` bytes the analyser has not taken; up to ``starting`` while the
+    analyser starts (until it says what it scans for, or closes its output) and catches up
+    (until it is within ``limit``, or :data:`CATCH_UP_S` have passed).
+
+    Once the analyser has said what it scans for, each chunk is scanned for it as it is sent,
+    while the pump has time to spare (:attr:`spare`).
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        limit: int = BACKLOG_LIMIT,
+        starting: int = STARTING_BACKLOG,
+    ) -> None:
         assert proc.stdin is not None
         self.proc = proc
         self._stdin = proc.stdin
         self.fd = proc.stdin.fileno()
         os.set_blocking(self.fd, False)
         set_pipe_size(self.fd)
+        # the analyser's word on what to scan for (its standard output), until it is heard
+        self.hear_fd: int | None = None
+        if proc.stdout is not None:
+            self.hear_fd = proc.stdout.fileno()
+            os.set_blocking(self.hear_fd, False)
+        self._heard = b""
+        self._prescanner: Prescanner | None = None
         self._limit = limit
-        self._queue: deque[bytes] = deque()
+        self._cap = max(limit, starting) if self.hear_fd is not None else limit
+        self._catch_up_by: float | None = None  # when the analyser must have caught up
+        # stream bytes not sent yet, each with whether a line starts with them
+        self._queue: deque[tuple[bytes, bool]] = deque()
+        self._line_open = False  # the bytes queued last end inside a line
+        # whether the pump has time to scan what it sends for the analyser (set by the pump)
+        self.spare = True
         self._queued = 0
         self._gap: list[Any] | None = None  # [bytes, newlines, tail] dropped before the queue
         self._out = memoryview(b"")  # what is left of the frame being written (no copies)
@@ -105,15 +146,50 @@ class AnalyserLink:
         """Whether there is something to send (poll the descriptor for POLLOUT)."""
         return self.alive and bool(self._out or self._gap or self._queue)
 
+    def hear(self) -> None:
+        """Read what the analyser says (poll :attr:`hear_fd` for input).
+
+        Once it has said what it scans for, the pump can scan for it (:meth:`send`).
+        """
+        if self.hear_fd is None:
+            return
+        try:
+            chunk = os.read(self.hear_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        self._heard += chunk
+        line, nl, _rest = self._heard.partition(b"\n")
+        if chunk and not nl and len(self._heard) <= ANNOUNCE_MAX:
+            return
+        self._stop_hearing()  # one line, the end, or too much: listened enough
+        if nl and self.alive:
+            self._prescanner = _prescanner(line)
+
+    def _stop_hearing(self) -> None:
+        self.hear_fd = None
+        self._heard = b""
+        if self.proc.stdout is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
+
     def send(self, data: bytes) -> None:
         """Queue stream bytes for the analyser and send what the pipe takes now."""
         if not self.alive or not data:
             return
-        self._queue.append(data)
+        self._queue.append((data, not self._line_open))
+        self._line_open = not data.endswith(b"\n")
         self._queued += len(data)
-        while self._queued > self._limit and self._queue:
-            self._drop(self._queue.popleft())
+        while self._queued > self._cap and self._queue:
+            self._drop(self._queue.popleft()[0])
         self.pump()
+        if self._cap > self._limit and self.hear_fd is None:  # started: catching up
+            now = time.monotonic()
+            if self._catch_up_by is None:
+                self._catch_up_by = now + CATCH_UP_S
+            if self._queued <= self._limit or now > self._catch_up_by:
+                self._cap = self._limit
 
     def _drop(self, data: bytes) -> None:
         self._queued -= len(data)
@@ -133,8 +209,13 @@ class AnalyserLink:
             self._gap = None
             return encode_frame(FRAME_GAP, GAP.pack(nbytes, newlines) + tail)
         if self._queue:
-            data = self._queue.popleft()
+            data, starts_line = self._queue.popleft()
             self._queued -= len(data)
+            pre = None
+            if self._prescanner is not None and self.spare:
+                pre = self._prescanner.scan(data, starts_line)
+            if pre is not None:
+                return encode_frame(FRAME_HITS, pre.encode()) + encode_frame(FRAME_DATA, data)
             return encode_frame(FRAME_DATA, data)
         return b""
 
@@ -160,6 +241,7 @@ class AnalyserLink:
         self._queued = 0
         self._gap = None
         self._out = memoryview(b"")
+        self._prescanner = None
 
     def finish(self, end: dict[str, Any], timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Send the backlog and the end frame (within ``timeout``), then close the pipe."""
@@ -186,10 +268,12 @@ class AnalyserLink:
         with contextlib.suppress(OSError):
             self._stdin.close()
         self._abandon()
+        self._stop_hearing()
 
     def kill(self) -> None:
         """Stop the analyser without a word (the reader of our output went away)."""
         self._abandon()
+        self._stop_hearing()
         with contextlib.suppress(OSError):
             self._stdin.close()
         with contextlib.suppress(OSError):
@@ -244,7 +328,7 @@ def start_analyser(config: AnalyserConfig) -> AnalyserLink | None:
         proc = subprocess.Popen(
             [sys.executable, "-c", code, config.to_json()],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # what it scans for: see AnalyserLink.hear
             bufsize=0,
             start_new_session=True,
         )
@@ -254,6 +338,34 @@ def start_analyser(config: AnalyserConfig) -> AnalyserLink | None:
     finally:
         signal.signal(signal.SIGINT, old)
     return AnalyserLink(proc)
+
+
+def _prescanner(line: bytes) -> Prescanner | None:
+    """The prescanner for the anchors the analyser announced.
+
+    None when there is none to have (another engine, a line of another form).
+    """
+    from nccl_triage.errors import TriageError
+
+    try:
+        said = json.loads(line)
+        anchors, neighbours = said["anchors"], said["neighbours"]
+        if not all(isinstance(a, str) for a in [*anchors, *(neighbours or ())]):
+            return None
+        return Prescanner.make(anchors, neighbours)
+    except (ValueError, TypeError, KeyError, RecursionError, TriageError):
+        return None
+
+
+def announce(anchors: tuple[str, ...], neighbours: tuple[str, ...] | None, fd: int = 1) -> None:
+    """The analyser's side of :meth:`AnalyserLink.hear`: say what its scan looks for."""
+    line = json.dumps({"anchors": list(anchors), "neighbours": neighbours}) + "\n"
+    with contextlib.suppress(OSError):
+        write_all(fd, line.encode())
+    with contextlib.suppress(OSError):  # said once: the pump sees the end, nothing else goes there
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 def say(message: str) -> None:

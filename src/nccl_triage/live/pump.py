@@ -26,6 +26,7 @@ from nccl_triage.live.triage import (
     FORWARDED_SIGNALS,
     LONG_LINE,
     READ_SIZE,
+    SPARE_SHARE,
 )
 
 # ----------------------------------------------------------------------------- the pump
@@ -99,21 +100,27 @@ def watch_stream(link: AnalyserLink | None, in_fd: int = 0, out_fd: int = 1) -> 
     end of input, 130 after Ctrl-C (143 after SIGTERM), 0 when our output was closed.
     """
     set_pipe_size(in_fd)
+    set_pipe_size(out_fd)
     sigs = _Signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), escalate=True)
     poller = select.poll()
     poller.register(in_fd, select.POLLIN)
     poller.register(sigs.fd, select.POLLIN)
     polling_link = False
+    hearing: int | None = None
+    spare = _Spare()
     stop: int | None = None
     try:
         while stop is None:
-            if link is not None and link.wants_write() != polling_link:
-                polling_link = not polling_link
-                if polling_link:
-                    poller.register(link.fd, select.POLLOUT)
-                else:
-                    poller.unregister(link.fd)
-            for fd, _ev in poller.poll():
+            if link is not None:
+                link.spare = spare.spare
+                if link.wants_write() != polling_link:
+                    polling_link = not polling_link
+                    if polling_link:
+                        poller.register(link.fd, select.POLLOUT)
+                    else:
+                        poller.unregister(link.fd)
+                hearing = _listen(poller, hearing, link.hear_fd)
+            for fd, _ev in spare.poll(poller):
                 if fd == in_fd:
                     data = _read(in_fd)
                     if not data:
@@ -128,6 +135,8 @@ def watch_stream(link: AnalyserLink | None, in_fd: int = 0, out_fd: int = 1) -> 
                         stop = got[0]
                 elif link is not None and fd == link.fd:
                     link.pump()
+                elif link is not None and fd == hearing:
+                    link.hear()
     except BrokenPipeError:
         _quiet_stdout()
         if link is not None:
@@ -154,6 +163,45 @@ def watch_stream(link: AnalyserLink | None, in_fd: int = 0, out_fd: int = 1) -> 
     if stop:
         return 128 + stop
     return status if status in (0, 1) else EXIT_USAGE
+
+
+def _listen(poller: select.poll, registered: int | None, fd: int | None) -> int | None:
+    """Poll ``fd`` for input instead of ``registered`` (the analyser's word; None: neither)."""
+    if registered != fd:
+        if registered is not None:
+            poller.unregister(registered)
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+    return fd
+
+
+class _Spare:
+    """Whether the pump has time to spare: the share of its time it waits in ``poll``.
+
+    A moving average over the last ten turns of its loop or so; time to spare while at least
+    :data:`SPARE_SHARE` of it is waiting. Then it scans what it sends for the analyser; a job
+    printing faster than the pump can also scan passes through at full speed.
+    """
+
+    def __init__(self) -> None:
+        self._share = 1.0
+        self._woke = time.monotonic()
+
+    def poll(self, poller: select.poll, timeout: float | None = None) -> list[tuple[int, int]]:
+        """``poller.poll(timeout)``, timed."""
+        before = time.monotonic()
+        events = poller.poll(timeout)
+        after = time.monotonic()
+        turn = after - self._woke
+        if turn > 0:
+            self._share += 0.1 * ((after - before) / turn - self._share)
+        self._woke = after
+        return events
+
+    @property
+    def spare(self) -> bool:
+        """Whether the pump has time to spare now."""
+        return self._share >= SPARE_SHARE
 
 
 def _read(fd: int) -> bytes:
@@ -336,6 +384,8 @@ def _pump_child(child: subprocess.Popen[bytes], merged: _Merged, sigs: _Signals)
     poller.register(sigs.fd, select.POLLIN)
     link = merged.link
     polling_link = False
+    hearing: int | None = None
+    spare = _Spare()
     exited_at: float | None = None
     last_data = time.monotonic()
 
@@ -346,13 +396,16 @@ def _pump_child(child: subprocess.Popen[bytes], merged: _Merged, sigs: _Signals)
         pipe.close()
 
     while streams:
-        if link is not None and link.wants_write() != polling_link:
-            polling_link = not polling_link
-            if polling_link:
-                poller.register(link.fd, select.POLLOUT)
-            else:
-                poller.unregister(link.fd)
-        events = poller.poll(250)
+        if link is not None:
+            link.spare = spare.spare
+            if link.wants_write() != polling_link:
+                polling_link = not polling_link
+                if polling_link:
+                    poller.register(link.fd, select.POLLOUT)
+                else:
+                    poller.unregister(link.fd)
+            hearing = _listen(poller, hearing, link.hear_fd)
+        events = spare.poll(poller, 250)
         if not events:
             merged.flush_log()
             if exited_at is None and child.poll() is not None:
@@ -368,6 +421,8 @@ def _pump_child(child: subprocess.Popen[bytes], merged: _Merged, sigs: _Signals)
                 _forward(child, sigs)
             elif link is not None and fd == link.fd:
                 link.pump()
+            elif link is not None and fd == hearing:
+                link.hear()
             elif fd in streams:
                 out_fd, joiner, _pipe = streams[fd]
                 data = _read(fd)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nccl_triage.ingest.scan import Prescanned
     from nccl_triage.model import Report
     from nccl_triage.pipeline import Triage
     from nccl_triage.ruleset import Ruleset
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 READ_SIZE = 1 << 20  # bytes per os.read; a read returns what is there, so big costs no delay
 PIPE_SIZE = 1 << 20  # ask Linux for 1 MiB pipes (fewer wake-ups); silently ignored elsewhere
 BACKLOG_LIMIT = 64 << 20  # bytes the pump holds for a slow analyser before dropping the oldest
+# ...and while the analyser starts (a third of a second), which it reads once it runs (faster
+# than the job prints, or it would fall behind anyway): the limit then comes down with it
+STARTING_BACKLOG = 256 << 20
+SPARE_SHARE = 0.25  # the pump scans for the analyser while it waits this share of its time
 LONG_LINE = 1 << 20  # run: an unfinished line longer than this is passed on as it comes
 HOLD_S = 0.25  # a candidate waits this long at most for its look-ahead lines
 SETTLE_S = 0.2  # report once the picture has not changed for this long...
@@ -139,9 +144,9 @@ class LiveTriage:
 
     # -- input
 
-    def feed(self, data: bytes) -> None:
-        """Take the next bytes of the stream."""
-        self._took(self.triage.feed(data, now=self._clock()))
+    def feed(self, data: bytes, pre: Prescanned | None = None) -> None:
+        """Take the next bytes of the stream (``pre``: their scan, done by the pump)."""
+        self._took(self.triage.feed(data, now=self._clock(), pre=pre))
 
     def skip(self, nbytes: int, newlines: int, tail: bytes) -> None:
         """Bytes the analyser did not get (see :meth:`Scanner.skip`)."""
