@@ -31,7 +31,7 @@ from nccl_triage.live.triage import (
     STARTING_BACKLOG,
 )
 
-CATCH_UP_S = 5.0  # the analyser, once started, takes the starting backlog within this long
+CATCH_UP_S = 30.0  # the analyser, once started, takes the starting backlog within this long
 
 # ----------------------------------------------------------------------------- pump <-> analyser
 #
@@ -103,7 +103,7 @@ class AnalyserLink:
 
     It holds up to ``limit`` bytes the analyser has not taken; up to ``starting`` while the
     analyser starts (until it says what it scans for, or closes its output) and catches up
-    (until it is within ``limit``, or :data:`CATCH_UP_S` have passed).
+    (until it is within a quarter of ``limit``, or :data:`CATCH_UP_S` have passed).
 
     Once the analyser has said what it scans for, each chunk is scanned for it as it is sent,
     while the pump has time to spare (:attr:`spare`).
@@ -188,7 +188,7 @@ class AnalyserLink:
             now = time.monotonic()
             if self._catch_up_by is None:
                 self._catch_up_by = now + CATCH_UP_S
-            if self._queued <= self._limit or now > self._catch_up_by:
+            if self._queued <= self._limit // 4 or now > self._catch_up_by:
                 self._cap = self._limit
 
     def _drop(self, data: bytes) -> None:

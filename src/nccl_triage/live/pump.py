@@ -178,9 +178,10 @@ def _listen(poller: select.poll, registered: int | None, fd: int | None) -> int 
 class _Spare:
     """Whether the pump has time to spare: the share of its time it waits in ``poll``.
 
-    A moving average over the last ten turns of its loop or so; time to spare while at least
-    :data:`SPARE_SHARE` of it is waiting. Then it scans what it sends for the analyser; a job
-    printing faster than the pump can also scan passes through at full speed.
+    A moving average over the last :data:`SPARE_WINDOW_S` or so, each turn of the loop
+    weighed by its length; time to spare while at least :data:`SPARE_SHARE` of it is waiting.
+    Then the pump scans what it sends for the analyser; a job printing faster than the pump
+    can also scan passes through at full speed.
     """
 
     def __init__(self) -> None:
@@ -194,7 +195,8 @@ class _Spare:
         after = time.monotonic()
         turn = after - self._woke
         if turn > 0:
-            self._share += 0.1 * ((after - before) / turn - self._share)
+            weight = min(1.0, turn / SPARE_WINDOW_S)
+            self._share += weight * ((after - before) / turn - self._share)
         self._woke = after
         return events
 
@@ -202,6 +204,9 @@ class _Spare:
     def spare(self) -> bool:
         """Whether the pump has time to spare now."""
         return self._share >= SPARE_SHARE
+
+
+SPARE_WINDOW_S = 0.05
 
 
 def _read(fd: int) -> bytes:

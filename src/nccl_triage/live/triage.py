@@ -28,7 +28,7 @@ PIPE_SIZE = 1 << 20  # ask Linux for 1 MiB pipes (fewer wake-ups); silently igno
 BACKLOG_LIMIT = 64 << 20  # bytes the pump holds for a slow analyser before dropping the oldest
 # ...and while the analyser starts (a third of a second), which it reads once it runs (faster
 # than the job prints, or it would fall behind anyway): the limit then comes down with it
-STARTING_BACKLOG = 256 << 20
+STARTING_BACKLOG = 384 << 20
 SPARE_SHARE = 0.25  # the pump scans for the analyser while it waits this share of its time
 LONG_LINE = 1 << 20  # run: an unfinished line longer than this is passed on as it comes
 HOLD_S = 0.25  # a candidate waits this long at most for its look-ahead lines
