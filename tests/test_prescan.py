@@ -270,3 +270,43 @@ def test_watch_finds_what_triage_finds(tmp_path: Path, log_name: str) -> None:
     want = report_json(triage_text(text, RULESET, source="<stdin>"), RULESET.template_dirs)
     del final["live"]
     assert final == want
+
+
+def test_the_starting_backlog_goes_once_the_analyser_does_not_gain_on_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nccl_triage.live import link as link_module
+
+    analyser = Analyser()
+    link = AnalyserLink(analyser.proc, limit=4 << 20, starting=16 << 20)
+    chunk = lines_of(1)
+    for _ in range(12):
+        link.send(chunk)
+    analyser.say(ANCHORS, NEIGHBOURS)
+    link.hear()
+    monkeypatch.setattr(link_module, "CATCH_UP_S", 0.0)
+    link.send(chunk)  # started: from here on it must hold less at every look
+    assert link.dropped_bytes == 0
+    link.send(chunk)  # it read nothing: the job prints faster than it reads...
+    link.send(chunk)
+    assert link.dropped_bytes > 0 and link._queued <= 4 << 20  # ...: the usual limit again
+    link.kill()
+
+
+def test_the_starting_backlog_goes_once_the_analyser_has_caught_up() -> None:
+    analyser = Analyser()
+    link = AnalyserLink(analyser.proc, limit=4 << 20, starting=16 << 20)
+    chunk = lines_of(1)
+    for _ in range(12):
+        link.send(chunk)
+    analyser.say(ANCHORS, NEIGHBOURS)
+    link.hear()
+    while link._queued:  # the analyser reads it all
+        analyser.frames()
+        link.pump()
+    link.send(b"one line\n")  # started...
+    link.send(b"one line\n")  # ...and caught up
+    for _ in range(8):  # it reads nothing again: the usual limit holds
+        link.send(chunk)
+    assert link.dropped_bytes > 0 and link._queued <= 4 << 20
+    link.kill()

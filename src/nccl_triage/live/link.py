@@ -31,7 +31,7 @@ from nccl_triage.live.triage import (
     STARTING_BACKLOG,
 )
 
-CATCH_UP_S = 30.0  # the analyser, once started, takes the starting backlog within this long
+CATCH_UP_S = 2.0  # the analyser, once started, gains on the job at least this often
 
 # ----------------------------------------------------------------------------- pump <-> analyser
 #
@@ -103,7 +103,8 @@ class AnalyserLink:
 
     It holds up to ``limit`` bytes the analyser has not taken; up to ``starting`` while the
     analyser starts (until it says what it scans for, or closes its output) and catches up
-    (until it is within a quarter of ``limit``, or :data:`CATCH_UP_S` have passed).
+    (until it is within a quarter of ``limit``, as long as it holds less every
+    :data:`CATCH_UP_S`: for a job printing faster than the analysis, ``limit`` again soon).
 
     Once the analyser has said what it scans for, each chunk is scanned for it as it is sent,
     while the pump has time to spare (:attr:`spare`).
@@ -130,7 +131,7 @@ class AnalyserLink:
         self._prescanner: Prescanner | None = None
         self._limit = limit
         self._cap = max(limit, starting) if self.hear_fd is not None else limit
-        self._catch_up_by: float | None = None  # when the analyser must have caught up
+        self._gaining: tuple[float, int] | None = None  # since when, from how much
         # stream bytes not sent yet, each with whether a line starts with them
         self._queue: deque[tuple[bytes, bool]] = deque()
         self._line_open = False  # the bytes queued last end inside a line
@@ -184,12 +185,22 @@ class AnalyserLink:
         while self._queued > self._cap and self._queue:
             self._drop(self._queue.popleft()[0])
         self.pump()
-        if self._cap > self._limit and self.hear_fd is None:  # started: catching up
-            now = time.monotonic()
-            if self._catch_up_by is None:
-                self._catch_up_by = now + CATCH_UP_S
-            if self._queued <= self._limit // 4 or now > self._catch_up_by:
+        if self._cap > self._limit and self.hear_fd is None:
+            self._catching_up()
+
+    def _catching_up(self) -> None:
+        """The analyser has started: keep the starting backlog while it gains on the job."""
+        now = time.monotonic()
+        if self._gaining is None:
+            self._gaining = (now, self._queued)
+            return
+        since, held = self._gaining
+        if self._queued <= self._limit // 4:
+            self._cap = self._limit  # caught up
+        elif now - since >= CATCH_UP_S:
+            if self._queued >= held:  # it did not gain on the job: it will not
                 self._cap = self._limit
+            self._gaining = (now, self._queued)
 
     def _drop(self, data: bytes) -> None:
         self._queued -= len(data)
