@@ -31,7 +31,7 @@ from nccl_triage.live.triage import (
     STARTING_BACKLOG,
 )
 
-CATCH_UP_S = 2.0  # the analyser, once started, gains on the job at least this often
+CATCH_UP_S = 60.0  # the analyser, once started, takes the starting backlog within this long
 
 # ----------------------------------------------------------------------------- pump <-> analyser
 #
@@ -42,7 +42,7 @@ CATCH_UP_S = 2.0  # the analyser, once started, gains on the job at least this o
 #
 # The analyser's standard output comes back to the pump: one JSON line once it is ready,
 # {"anchors": [...], "neighbours": [...]}, the anchors its scan looks for. With them the pump
-# scans each chunk it has time for (its input is idle) and sends the result in an H frame: the
+# scans each chunk it sends while it has time to spare, and sends the result in an H frame: the
 # pump holds every byte anyway, and the scan is then done on another core than the analysis.
 
 _HEAD = struct.Struct("!cI")
@@ -103,8 +103,9 @@ class AnalyserLink:
 
     It holds up to ``limit`` bytes the analyser has not taken; up to ``starting`` while the
     analyser starts (until it says what it scans for, or closes its output) and catches up
-    (until it is within a quarter of ``limit``, as long as it holds less every
-    :data:`CATCH_UP_S`: for a job printing faster than the analysis, ``limit`` again soon).
+    (until it is within a quarter of ``limit``; no longer than :data:`CATCH_UP_S`, and not
+    once bytes had to be dropped after it started: a job printing faster than the analysis
+    reads gets ``limit`` again soon).
 
     Once the analyser has said what it scans for, each chunk is scanned for it as it is sent,
     while the pump has time to spare (:attr:`spare`).
@@ -131,7 +132,7 @@ class AnalyserLink:
         self._prescanner: Prescanner | None = None
         self._limit = limit
         self._cap = max(limit, starting) if self.hear_fd is not None else limit
-        self._gaining: tuple[float, int] | None = None  # since when, from how much
+        self._started: tuple[float, int] | None = None  # when, and what had been dropped
         # stream bytes not sent yet, each with whether a line starts with them
         self._queue: deque[tuple[bytes, bool]] = deque()
         self._line_open = False  # the bytes queued last end inside a line
@@ -189,18 +190,14 @@ class AnalyserLink:
             self._catching_up()
 
     def _catching_up(self) -> None:
-        """The analyser has started: keep the starting backlog while it gains on the job."""
+        """The analyser has started: keep the starting backlog while it catches up."""
         now = time.monotonic()
-        if self._gaining is None:
-            self._gaining = (now, self._queued)
-            return
-        since, held = self._gaining
+        if self._started is None:
+            self._started = (now, self.dropped_bytes)
         if self._queued <= self._limit // 4:
             self._cap = self._limit  # caught up
-        elif now - since >= CATCH_UP_S:
-            if self._queued >= held:  # it did not gain on the job: it will not
-                self._cap = self._limit
-            self._gaining = (now, self._queued)
+        elif self.dropped_bytes > self._started[1] or now - self._started[0] > CATCH_UP_S:
+            self._cap = self._limit  # the job prints faster than it reads, even now: no use
 
     def _drop(self, data: bytes) -> None:
         self._queued -= len(data)
