@@ -5,7 +5,6 @@ said what for."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURES
 from nccl_triage.ingest import hsdb
+from nccl_triage.ingest.engines import HyperscanEngine
 from nccl_triage.ingest.scan import Candidate, Prescanned, Prescanner, Scanner
 from nccl_triage.live.link import FRAME_DATA, FRAME_HITS, AnalyserLink, FrameReader, announce
 from nccl_triage.live.triage import LiveTriage
@@ -110,6 +110,28 @@ def test_the_pumps_scan_gives_the_scanners_candidates(
     assert scanned(chunks, pres) == scanned(chunks)
 
 
+def test_the_pumps_scan_spares_the_scanners(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk that comes with its scan is not scanned again (only a line joined across
+    chunks is)."""
+    data = stream(list(range(60)) * 20)
+    chunks = chunked(data, list(range(0, len(data), 997)))
+    pres = list(prescans(chunks))
+    assert all(pre is not None for pre in pres[1:])
+    scanned_bufs: list[int] = []
+    marked_hits = HyperscanEngine.marked_hits
+
+    def spy(self: HyperscanEngine, buf: bytes, *args: Any) -> list[int]:
+        scanned_bufs.append(id(buf))
+        return marked_hits(self, buf, *args)
+
+    monkeypatch.setattr(HyperscanEngine, "marked_hits", spy)
+    got = scanned(chunks, pres)
+    assert not {id(c) for c in chunks} & set(scanned_bufs)
+    assert scanned_bufs  # the joined lines were
+    monkeypatch.undo()
+    assert got == scanned(chunks)
+
+
 def test_a_scan_is_used_where_it_fits() -> None:
     """A line's anchors are only found by the scan given: a scan found elsewhere is used."""
     data = b"Watchdog caught collective operation timeout\nplain\n"
@@ -181,13 +203,22 @@ class Analyser:
         self._reader = FrameReader()
 
     def say(self, anchors: tuple[str, ...], neighbours: tuple[str, ...] | None) -> None:
-        announce(anchors, neighbours, fd=os.dup(self._out_w))
-        os.close(self._out_w)
+        """What the analyser says once it has started; then its output ends."""
+        announce(anchors, neighbours, fd=self._out_w)  # (points it at /dev/null after)
+        self._close_out()
+
+    def say_raw(self, said: bytes) -> None:
+        os.write(self._out_w, said)
+        self._close_out()
+
+    def _close_out(self) -> None:
+        if self._out_w >= 0:
+            os.close(self._out_w)
+            self._out_w = -1
 
     def close(self) -> None:
-        for fd in (self._in_r, self._out_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._close_out()
+        os.close(self._in_r)
 
     def frames(self) -> list[tuple[bytes, bytes]]:
         os.set_blocking(self._in_r, False)
@@ -248,8 +279,7 @@ def test_a_link_to_an_analyser_that_says_nothing_useful_scans_nothing() -> None:
     for said in (b"not json\n", b'{"anchors": [1], "neighbours": null}\n', b""):
         analyser = Analyser()
         link = AnalyserLink(analyser.proc)
-        os.write(analyser._out_w, said)
-        os.close(analyser._out_w)
+        analyser.say_raw(said)
         link.hear()
         link.hear()
         assert link.hear_fd is None
@@ -258,12 +288,11 @@ def test_a_link_to_an_analyser_that_says_nothing_useful_scans_nothing() -> None:
         assert FRAME_HITS not in [k for k, _ in analyser.frames()]
         link.kill()
         analyser.close()
-    analyser.close()
 
 
 @pytest.mark.parametrize("log_name", sorted(p.name for p in FIXTURES.glob("*.log"))[:2])
 def test_watch_finds_what_triage_finds(tmp_path: Path, log_name: str) -> None:
-    """End to end, the pump scanning for the analyser when it has time to spare."""
+    """End to end (a small log may all be sent before the analyser says what to scan for)."""
     log = FIXTURES / log_name
     report = tmp_path / "report.jsonl"
     proc = subprocess.run(
@@ -314,5 +343,41 @@ def test_the_starting_backlog_goes_once_the_analyser_has_caught_up() -> None:
     for _ in range(8):  # it reads nothing again: the usual limit holds
         link.send(chunk)
     assert link.dropped_bytes > 0 and link._queued <= 4 << 20
+    link.kill()
+    analyser.close()
+
+
+def test_a_scan_that_fails_leaves_the_data_to_go_unscanned(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    analyser = Analyser()
+    link = AnalyserLink(analyser.proc)
+    analyser.say(ANCHORS, NEIGHBOURS)
+    link.hear()
+
+    def broken(self: Prescanner, data: bytes, starts_line: bool) -> None:
+        raise MemoryError("out of scratch")
+
+    monkeypatch.setattr(Prescanner, "scan", broken)
+    link.send(lines_of(1, 4096))
+    link.send(lines_of(1, 4096))
+    kinds = [k for k, _ in analyser.frames()]
+    assert kinds == [FRAME_DATA, FRAME_DATA]
+    assert capfd.readouterr().err.count("cannot scan for the analysis") == 1
+    link.kill()
+    analyser.close()
+
+
+def test_an_analyser_that_never_starts_does_not_keep_the_starting_backlog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nccl_triage.live import link as link_module
+
+    monkeypatch.setattr(link_module, "CATCH_UP_S", 0.0)
+    analyser = Analyser()
+    link = AnalyserLink(analyser.proc, limit=4 << 20, starting=16 << 20)
+    for _ in range(10):  # it says nothing and reads nothing
+        link.send(lines_of(1))
+    assert link.dropped_bytes > 0
     link.kill()
     analyser.close()

@@ -1,7 +1,8 @@
 """The analyser process: frames in, live reports out.
 
-Input: frames on standard input (stream bytes, gaps, the end). Output: reports on stderr or
-in a report file, in any format of the JSON contract.
+Input: frames on standard input (stream bytes, the pump's scan of them, gaps, the end).
+Output: one line on standard output, once started (the anchors its scan looks for: the pump
+then scans for it); reports on stderr or in a report file, in any format of the JSON contract.
 """
 
 from __future__ import annotations
@@ -168,11 +169,17 @@ def analyser_main(argv: Sequence[str] | None = None) -> int:
 
         load_numpy()  # while the pump gets ready to scan: half a second less at 500 MB/s
         # Start-up competes fairly, so that the analysis is ready long before a job fails even
-        # on a busy node; from then on it yields to the job. The rest of the warm-up waits for
-        # a moment without input: a job printing from its first instant is read first.
+        # on a busy node; from then on it yields to the job. The rest of the warm-up (the
+        # collector settled again after it) waits for a moment without input: a job printing
+        # from its first instant is read first.
         with contextlib.suppress(OSError):
             os.nice(ANALYSER_NICE)
-        end = serve(0, live, warm=lambda: warm_up(ruleset, sink))
+
+        def warm() -> None:
+            warm_up(ruleset, sink)
+            settle_collector()
+
+        end = serve(0, live, warm=warm)
         report = live.finish(end)
     except Exception:  # noqa: BLE001 - a bug must not look like a diagnosis (exit 1)
         import traceback
@@ -217,11 +224,12 @@ def serve(fd: int, live: LiveTriage, warm: Callable[[], None] | None = None) -> 
     pre: Prescanned | None = None  # the scan of the next data frame, done by the pump
     while True:
         wait = live.tick()
-        if warm is not None:
-            wait = WARM_AFTER_S if wait is None else min(wait, WARM_AFTER_S)
+        quiet = False  # whether this wait is the warm-up's
+        if warm is not None and (wait is None or wait >= WARM_AFTER_S):
+            wait, quiet = WARM_AFTER_S, True
         ready, _, _ = select.select([fd], [], [], wait)
         if not ready:
-            if warm is not None:
+            if warm is not None and quiet:
                 warm()
                 warm = None
             continue

@@ -1,8 +1,9 @@
 """The pipe from the pump to the analyser: frames, a bounded backlog, the analyser's start.
 
-Input: stream bytes from the pump. Output: frames on a non-blocking pipe; when the analyser
-falls behind, the oldest unsent bytes are dropped (never the output) and a gap frame tells it
-how many bytes and lines it missed.
+Input: stream bytes from the pump; the analyser's one line on its standard output (the anchors
+its scan looks for). Output: frames on a non-blocking pipe, each chunk's candidate scan ahead
+of it when the pump has time for it; when the analyser falls behind, the oldest unsent bytes
+are dropped (never the output) and a gap frame tells it how many bytes and lines it missed.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from typing import Any
 from nccl_triage.ingest.scan import MAX_LINE, Prescanner
 from nccl_triage.live.triage import (
     BACKLOG_LIMIT,
+    CATCH_UP_S,
     DRAIN_TIMEOUT_S,
     EXIT_USAGE,
     PIPE_SIZE,
     STARTING_BACKLOG,
 )
-
-CATCH_UP_S = 60.0  # the analyser, once started, takes the starting backlog within this long
 
 # ----------------------------------------------------------------------------- pump <-> analyser
 #
@@ -103,9 +103,9 @@ class AnalyserLink:
 
     It holds up to ``limit`` bytes the analyser has not taken; up to ``starting`` while the
     analyser starts (until it says what it scans for, or closes its output) and catches up
-    (until it is within a quarter of ``limit``; no longer than :data:`CATCH_UP_S`, and not
-    once bytes had to be dropped after it started: a job printing faster than the analysis
-    reads gets ``limit`` again soon).
+    (until it is within a quarter of ``limit``, and not once bytes had to be dropped after it
+    started: a job printing faster than the analysis reads gets ``limit`` again soon); for at
+    most :data:`CATCH_UP_S` in all.
 
     Once the analyser has said what it scans for, each chunk is scanned for it as it is sent,
     while the pump has time to spare (:attr:`spare`).
@@ -132,7 +132,8 @@ class AnalyserLink:
         self._prescanner: Prescanner | None = None
         self._limit = limit
         self._cap = max(limit, starting) if self.hear_fd is not None else limit
-        self._started: tuple[float, int] | None = None  # when, and what had been dropped
+        self._since = time.monotonic()  # the starting backlog is given up CATCH_UP_S after
+        self._dropped_then: int | None = None  # what had been dropped when the analyser started
         # stream bytes not sent yet, each with whether a line starts with them
         self._queue: deque[tuple[bytes, bool]] = deque()
         self._line_open = False  # the bytes queued last end inside a line
@@ -167,7 +168,10 @@ class AnalyserLink:
             return
         self._stop_hearing()  # one line, the end, or too much: listened enough
         if nl and self.alive:
-            self._prescanner = _prescanner(line)
+            try:
+                self._prescanner = _prescanner(line)
+            except Exception as exc:  # noqa: BLE001 - the output goes on, unscanned
+                say(f"the pump cannot scan for the analysis ({exc}); it scans alone")
 
     def _stop_hearing(self) -> None:
         self.hear_fd = None
@@ -186,17 +190,20 @@ class AnalyserLink:
         while self._queued > self._cap and self._queue:
             self._drop(self._queue.popleft()[0])
         self.pump()
-        if self._cap > self._limit and self.hear_fd is None:
+        if self._cap > self._limit:
             self._catching_up()
 
     def _catching_up(self) -> None:
-        """The analyser has started: keep the starting backlog while it catches up."""
-        now = time.monotonic()
-        if self._started is None:
-            self._started = (now, self.dropped_bytes)
+        """Keep the starting backlog while the analyser starts and catches up."""
+        if time.monotonic() - self._since > CATCH_UP_S:
+            self._cap = self._limit  # a minute is enough for both
+        if self.hear_fd is not None:
+            return  # still starting
+        if self._dropped_then is None:
+            self._dropped_then = self.dropped_bytes
         if self._queued <= self._limit // 4:
             self._cap = self._limit  # caught up
-        elif self.dropped_bytes > self._started[1] or now - self._started[0] > CATCH_UP_S:
+        elif self.dropped_bytes > self._dropped_then:
             self._cap = self._limit  # the job prints faster than it reads, even now: no use
 
     def _drop(self, data: bytes) -> None:
@@ -221,9 +228,21 @@ class AnalyserLink:
             self._queued -= len(data)
             pre = None
             if self._prescanner is not None and self.spare:
-                pre = self._prescanner.scan(data, starts_line)
+                try:
+                    pre = self._prescanner.scan(data, starts_line)
+                except Exception as exc:  # noqa: BLE001 - the output goes on, unscanned
+                    self._prescanner = None
+                    say(f"the pump cannot scan for the analysis ({exc}); it scans alone")
             if pre is not None:
-                return encode_frame(FRAME_HITS, pre.encode()) + encode_frame(FRAME_DATA, data)
+                hits = pre.encode()
+                return b"".join(
+                    (
+                        _HEAD.pack(FRAME_HITS, len(hits)),
+                        hits,
+                        _HEAD.pack(FRAME_DATA, len(data)),
+                        data,
+                    )
+                )
             return encode_frame(FRAME_DATA, data)
         return b""
 
@@ -253,6 +272,7 @@ class AnalyserLink:
 
     def finish(self, end: dict[str, Any], timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Send the backlog and the end frame (within ``timeout``), then close the pipe."""
+        self.spare = False  # the backlog goes as it is: scanning it would delay the end
         if self.alive:
             frames: list[bytes | memoryview] = [self._out] if self._out else []
             while nxt := self._next_frame():
@@ -358,6 +378,10 @@ def _prescanner(line: bytes) -> Prescanner | None:
     try:
         said = json.loads(line)
         anchors, neighbours = said["anchors"], said["neighbours"]
+        if not isinstance(anchors, list) or not (
+            neighbours is None or isinstance(neighbours, list)
+        ):
+            return None
         if not all(isinstance(a, str) for a in [*anchors, *(neighbours or ())]):
             return None
         return Prescanner.make(anchors, neighbours)

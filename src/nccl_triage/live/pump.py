@@ -27,6 +27,7 @@ from nccl_triage.live.triage import (
     LONG_LINE,
     READ_SIZE,
     SPARE_SHARE,
+    SPARE_WINDOW_S,
 )
 
 # ----------------------------------------------------------------------------- the pump
@@ -204,9 +205,6 @@ class _Spare:
     def spare(self) -> bool:
         """Whether the pump has time to spare now."""
         return self._share >= SPARE_SHARE
-
-
-SPARE_WINDOW_S = 0.05
 
 
 def _read(fd: int) -> bytes:

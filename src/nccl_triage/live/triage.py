@@ -26,10 +26,12 @@ if TYPE_CHECKING:
 READ_SIZE = 1 << 20  # bytes per os.read; a read returns what is there, so big costs no delay
 PIPE_SIZE = 1 << 20  # ask Linux for 1 MiB pipes (fewer wake-ups); silently ignored elsewhere
 BACKLOG_LIMIT = 64 << 20  # bytes the pump holds for a slow analyser before dropping the oldest
-# ...and while the analyser starts (a third of a second), which it reads once it runs (faster
-# than the job prints, or it would fall behind anyway): the limit then comes down with it
+# ...and while the analyser starts (half a second under load) and catches up, until it is within
+# a quarter of the limit, or bytes had to be dropped after it started, or CATCH_UP_S passed
 STARTING_BACKLOG = 384 << 20
-SPARE_SHARE = 0.25  # the pump scans for the analyser while it waits this share of its time
+CATCH_UP_S = 60.0
+SPARE_SHARE = 0.25  # the pump scans for the analyser while it waits this share of its time...
+SPARE_WINDOW_S = 0.05  # ...over about this long
 LONG_LINE = 1 << 20  # run: an unfinished line longer than this is passed on as it comes
 HOLD_S = 0.25  # a candidate waits this long at most for its look-ahead lines
 SETTLE_S = 0.2  # report once the picture has not changed for this long...
