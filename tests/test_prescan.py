@@ -310,14 +310,20 @@ def test_watch_finds_what_triage_finds(tmp_path: Path, log_name: str) -> None:
     assert final == want
 
 
-def test_the_starting_backlog_goes_once_the_analyser_falls_behind_after_it_started() -> None:
+def started_twelve_behind() -> tuple[Analyser, AnalyserLink]:
+    """A link whose analyser started once 12 MiB were waiting for it (limit 4, starting 16)."""
     analyser = Analyser()
     link = AnalyserLink(analyser.proc, limit=4 << 20, starting=16 << 20)
-    chunk = lines_of(1)
     for _ in range(12):
-        link.send(chunk)
+        link.send(lines_of(1))
     analyser.say(ANCHORS, NEIGHBOURS)
     link.hear()
+    return analyser, link
+
+
+def test_the_starting_backlog_goes_once_the_analyser_falls_behind_after_it_started() -> None:
+    analyser, link = started_twelve_behind()
+    chunk = lines_of(1)
     for _ in range(7):  # it read nothing: the job prints faster than it reads
         link.send(chunk)
     assert link.dropped_bytes > 0
@@ -328,13 +334,8 @@ def test_the_starting_backlog_goes_once_the_analyser_falls_behind_after_it_start
 
 
 def test_the_starting_backlog_goes_once_the_analyser_has_caught_up() -> None:
-    analyser = Analyser()
-    link = AnalyserLink(analyser.proc, limit=4 << 20, starting=16 << 20)
+    analyser, link = started_twelve_behind()
     chunk = lines_of(1)
-    for _ in range(12):
-        link.send(chunk)
-    analyser.say(ANCHORS, NEIGHBOURS)
-    link.hear()
     while link._queued:  # the analyser reads it all
         analyser.frames()
         link.pump()

@@ -167,30 +167,24 @@ def _lines_of(
         return rows, len(nl)
     pos = start
     rfind, find = buf.rfind, buf.find
-    if numpy:  # sparse: the newlines between candidates' lines counted, not found
-        eq = newlines.mask(buf, start, end)
-        count = _np.count_nonzero
-        index, counted = 0, 0
-        for at in found:
-            if at < pos:
-                continue  # another anchor of the line just read
-            line_start = max(rfind(b"\n", start, at) + 1, start)
-            line_end = find(b"\n", at, end)
-            line_end = end - 1 if line_end < 0 else line_end
-            index += int(count(eq[counted : line_start - start]))
-            counted = line_start - start
-            rows.append((at, index, line_start, line_end))
-            pos = line_end + 1
-        return rows, index + int(count(eq[counted:]))
+    # sparse: with numpy, the newlines between candidates' lines counted, not found
+    eq = newlines.mask(buf, start, end) if numpy else None
+    count: Any = _np.count_nonzero if numpy else None
+    index, counted = -1, 0
     for at in found:
         if at < pos:
             continue  # another anchor of the line just read
         line_start = max(rfind(b"\n", start, at) + 1, start)
         line_end = find(b"\n", at, end)
         line_end = end - 1 if line_end < 0 else line_end
-        rows.append((at, -1, line_start, line_end))
+        if eq is not None:
+            index = max(index, 0) + int(count(eq[counted : line_start - start]))
+            counted = line_start - start
+        rows.append((at, index, line_start, line_end))
         pos = line_end + 1
-    return rows, None
+    if eq is None:
+        return rows, None
+    return rows, max(index, 0) + int(count(eq[counted:]))
 
 
 def _lines_from(buf: bytes, pos: int, n: int, end: int) -> list[bytes]:

@@ -106,21 +106,13 @@ def watch_stream(link: AnalyserLink | None, in_fd: int = 0, out_fd: int = 1) -> 
     poller = select.poll()
     poller.register(in_fd, select.POLLIN)
     poller.register(sigs.fd, select.POLLIN)
-    polling_link = False
-    hearing: int | None = None
+    polls = _LinkPolls(poller)
     spare = _Spare()
     stop: int | None = None
     try:
         while stop is None:
             if link is not None:
-                link.spare = spare.spare
-                if link.wants_write() != polling_link:
-                    polling_link = not polling_link
-                    if polling_link:
-                        poller.register(link.fd, select.POLLOUT)
-                    else:
-                        poller.unregister(link.fd)
-                hearing = _listen(poller, hearing, link.hear_fd)
+                polls.update(link, spare)
             for fd, _ev in spare.poll(poller):
                 if fd == in_fd:
                     data = _read(in_fd)
@@ -136,7 +128,7 @@ def watch_stream(link: AnalyserLink | None, in_fd: int = 0, out_fd: int = 1) -> 
                         stop = got[0]
                 elif link is not None and fd == link.fd:
                     link.pump()
-                elif link is not None and fd == hearing:
+                elif link is not None and fd == polls.hearing:
                     link.hear()
     except BrokenPipeError:
         _quiet_stdout()
@@ -166,14 +158,33 @@ def watch_stream(link: AnalyserLink | None, in_fd: int = 0, out_fd: int = 1) -> 
     return status if status in (0, 1) else EXIT_USAGE
 
 
-def _listen(poller: select.poll, registered: int | None, fd: int | None) -> int | None:
-    """Poll ``fd`` for input instead of ``registered`` (the analyser's word; None: neither)."""
-    if registered != fd:
-        if registered is not None:
-            poller.unregister(registered)
-        if fd is not None:
-            poller.register(fd, select.POLLIN)
-    return fd
+class _LinkPolls:
+    """The analyser link's descriptors in a poll set.
+
+    Its pipe while it has frames to write; its standard output until it has said what it
+    scans for.
+    """
+
+    def __init__(self, poller: select.poll) -> None:
+        self._poller = poller
+        self._writing = False
+        self.hearing: int | None = None  # the descriptor polled for the analyser's word
+
+    def update(self, link: AnalyserLink, spare: _Spare) -> None:
+        """Poll what the link needs now; tell it whether the pump has time to spare."""
+        link.spare = spare.spare
+        if link.wants_write() != self._writing:
+            self._writing = not self._writing
+            if self._writing:
+                self._poller.register(link.fd, select.POLLOUT)
+            else:
+                self._poller.unregister(link.fd)
+        if self.hearing != link.hear_fd:
+            if self.hearing is not None:
+                self._poller.unregister(self.hearing)
+            self.hearing = link.hear_fd
+            if self.hearing is not None:
+                self._poller.register(self.hearing, select.POLLIN)
 
 
 class _Spare:
@@ -386,8 +397,7 @@ def _pump_child(child: subprocess.Popen[bytes], merged: _Merged, sigs: _Signals)
         poller.register(fd, select.POLLIN)
     poller.register(sigs.fd, select.POLLIN)
     link = merged.link
-    polling_link = False
-    hearing: int | None = None
+    polls = _LinkPolls(poller)
     spare = _Spare()
     exited_at: float | None = None
     last_data = time.monotonic()
@@ -400,14 +410,7 @@ def _pump_child(child: subprocess.Popen[bytes], merged: _Merged, sigs: _Signals)
 
     while streams:
         if link is not None:
-            link.spare = spare.spare
-            if link.wants_write() != polling_link:
-                polling_link = not polling_link
-                if polling_link:
-                    poller.register(link.fd, select.POLLOUT)
-                else:
-                    poller.unregister(link.fd)
-            hearing = _listen(poller, hearing, link.hear_fd)
+            polls.update(link, spare)
         events = spare.poll(poller, 250)
         if not events:
             merged.flush_log()
@@ -424,7 +427,7 @@ def _pump_child(child: subprocess.Popen[bytes], merged: _Merged, sigs: _Signals)
                 _forward(child, sigs)
             elif link is not None and fd == link.fd:
                 link.pump()
-            elif link is not None and fd == hearing:
+            elif link is not None and fd == polls.hearing:
                 link.hear()
             elif fd in streams:
                 out_fd, joiner, _pipe = streams[fd]
