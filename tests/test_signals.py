@@ -3,6 +3,8 @@ however often they are read or pruned on the way."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,6 +63,11 @@ def test_pruning_builds_the_runs_first(steps: list[tuple[int, int, int, int]], c
         if i == len(steps) // 2:
             assert lazy.prune(cut) == eager.prune(cut)
     assert lazy.events == eager.events
+
+
+def every_nth_line(n: int) -> Callable[[Event], bool]:
+    """What a pruning spares in these tests: the events on every ``n``-th line."""
+    return lambda e: e.line % n == 0
 
 
 def test_a_run_counts_its_lines_and_times() -> None:
@@ -168,8 +175,7 @@ def test_pruning_forgets_exactly_what_ended_before_the_line(
     the runs still open grow as before."""
     pruned, whole = SignalClassifier(SIGNALS), SignalClassifier(SIGNALS)
 
-    def keep(e: Event) -> bool:
-        return e.line % kept == 0
+    keep = every_nth_line(kept)
 
     def last(e: Event) -> int:
         return int(e.detail.get("last_line") or e.line)
@@ -208,9 +214,7 @@ def test_pruning_looks_at_what_started_before_the_line_as_at_every_event(
     fast, every = SignalClassifier(SIGNALS), SignalClassifier(SIGNALS)
     every._in_order = False  # the reference: every event looked at
 
-    def keep(e: Event) -> bool:
-        return e.line % kept == 0
-
+    keep = every_nth_line(kept)
     n = 100
     at = dict(cuts)
     for i, (gap, choice, second, rank) in enumerate(steps):
