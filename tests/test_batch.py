@@ -440,10 +440,11 @@ def test_process_pool_gives_the_serial_table(tmp_path: Path, ruleset: Any) -> No
     pd.testing.assert_frame_equal(serial.table(), pool.table())
 
 
-def test_a_pool_with_a_cold_cache_hashes_as_it_hands_jobs_out(tmp_path: Path, ruleset: Any) -> None:
-    """With a cache that knows none of the files, the jobs are hashed as the workers ask for
-    them: the same table as the serial run's, every result stored; the next run reads them
-    all from the cache, and a changed file alone is triaged again."""
+def test_a_pool_with_a_cold_cache_hashes_in_its_workers(tmp_path: Path, ruleset: Any) -> None:
+    """With a cache that knows none of the files, the workers hash the jobs as they read them:
+    the same table as the serial run's, every result stored; the next run reads them all from
+    the cache, a changed file alone is triaged again, and a copy of a job under a new name is
+    found in the cache by the worker that hashes it."""
     make_archive(tmp_path / "archive")
     opts = b.BatchOptions(workers=2, db=tmp_path / "c.sqlite")
     serial = b.run_batch([str(tmp_path / "archive")], ruleset, b.BatchOptions(workers=1))
@@ -457,6 +458,14 @@ def test_a_pool_with_a_cold_cache_hashes_as_it_hands_jobs_out(tmp_path: Path, ru
     changed.write_text(changed.read_text() + "one more line\n")
     again = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
     assert (again.stats.triaged, again.stats.cached) == (1, again.stats.jobs - 1)
+    shutil.copytree(tmp_path / "archive", tmp_path / "copy")
+    copy = b.run_batch([str(tmp_path / "copy")], ruleset, opts)
+    assert copy.stats.engine == "processes"
+    assert (copy.stats.triaged, copy.stats.cached) == (0, copy.stats.jobs)
+    moved = str(tmp_path / "archive"), str(tmp_path / "copy")
+    # (the errors name the copy's files)
+    expected = again.table().replace(re.escape(moved[0]), moved[1], regex=True)
+    pd.testing.assert_frame_equal(copy.table(), expected)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -810,15 +819,15 @@ def test_a_worker_that_dies_fails_its_jobs_not_the_batch(monkeypatch: pytest.Mon
     # (the stand-in for a job is a function of this process: the workers must be its forks)
     monkeypatch.setattr(engines, "_start_method", lambda: "fork")
 
-    def triage(job: Job, ruleset: Any) -> dict[str, Any]:
+    def triage(job: Job, ruleset: Any, lookup: Any = None) -> dict[str, Any]:
         if job.name == "job-050":
             os._exit(9)
         return {"verdict": "clean", "errors": []}
 
     monkeypatch.setattr(engines, "_safe_triage", triage)
     jobs = [Job(f"job-{i:03d}", (), "file") for i in range(200)]
-    for handed in (jobs, iter(jobs)):
-        got = dict(engines.run_processes(handed, load_ruleset(), 2, total=200))
+    for plain, new in ((jobs, []), ([], jobs)):  # (jobs new to a cache go the same way)
+        got = dict(engines.run_processes(plain, load_ruleset(), 2, new=new))
         assert sorted(j.name for j in got) == [j.name for j in jobs]
         died = [j.name for j, r in got.items() if r.get("verdict") is None]
         assert "job-050" in died

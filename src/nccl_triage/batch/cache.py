@@ -39,11 +39,42 @@ FileKey = tuple[str, int, int, int]  # a file's real path, size, mtime (ns) and 
 
 def file_digest(path: str) -> str:
     """The SHA-256 of a file's bytes (raises OSError)."""
+    return read_digest(path, 0)[0]
+
+
+def read_digest(path: str, hold: int) -> tuple[str, bytes | None]:
+    """The SHA-256 of a file's bytes, and the bytes when there are at most ``hold`` of them.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     with open(path, "rb") as fh:
         h = hashlib.sha256()  # (hashlib.file_digest allocates 256 KiB a call: logs are small)
+        if hold > 0 and os.fstat(fh.fileno()).st_size <= hold:
+            data = fh.read(hold + 1)  # (a file that grew since: hashed, not held)
+            h.update(data)
+            if len(data) <= hold:
+                return h.hexdigest(), data
         while chunk := fh.read(_HASH_CHUNK):
             h.update(chunk)
-        return h.hexdigest()
+        return h.hexdigest(), None
+
+
+def job_key(
+    versions: str,
+    job: Job,
+    digests: Sequence[str],
+    dumps: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The cache key of a job.
+
+    Its files' contents and ranks, in order, the versions, and its flight-recorder dumps
+    (content and base name: a dump's rank may come from its name).
+    """
+    parts = [[d, f.rank] for f, d in zip(job.files, digests, strict=True)]
+    fr = sorted([d, name.rsplit("/", 1)[-1]] for d, name in dumps)
+    blob = json.dumps([CACHE_SCHEMA, versions, len(job.files) > 1, parts, fr])
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def default_db() -> Path:
@@ -116,7 +147,7 @@ class ResultCache:
             InputError: the file cannot be read.
         """
         if f.is_url:
-            return _url_digest(f)
+            return url_digest(f)
         looked = self._looked.pop(f.path, None)  # (what knows() found, earlier in the run)
         known, where = looked if looked is not None else self.remembered(f)
         if known is not None:
@@ -129,7 +160,11 @@ class ResultCache:
         return digest
 
     def knows(self, files: Sequence[InputFile]) -> bool:
-        """Whether every local file is remembered with its hash (none to work out)."""
+        """Whether every local file is remembered with its hash (none to work out).
+
+        What it finds is kept for :meth:`digest` and :meth:`learned`.
+        """
+        known = True
         for f in files:
             if f.error or f.is_url:
                 continue
@@ -137,9 +172,8 @@ class ResultCache:
                 looked = self._looked[f.path] = self.remembered(f)
             except InputError:
                 continue  # (its error comes when the job is looked up)
-            if looked[0] is None:
-                return False
-        return True
+            known = known and looked[0] is not None
+        return known
 
     def remembered(self, f: InputFile) -> tuple[str | None, FileKey]:
         """A local file's remembered hash (None: none for its path, size, mtime and inode).
@@ -195,24 +229,41 @@ class ResultCache:
         return real
 
     def key(self, job: Job, digests: Sequence[str], dumps: Sequence[tuple[str, str]] = ()) -> str:
-        """The cache key of a job.
-
-        Its files' contents and ranks, in order, the versions, and its flight-recorder dumps
-        (content and base name: a dump's rank may come from its name).
-        """
-        parts = [[d, f.rank] for f, d in zip(job.files, digests, strict=True)]
-        fr = sorted([d, name.rsplit("/", 1)[-1]] for d, name in dumps)
-        blob = json.dumps([CACHE_SCHEMA, self.versions, len(job.files) > 1, parts, fr])
-        return hashlib.sha256(blob.encode()).hexdigest()
+        """The cache key of a job (:func:`job_key` with this cache's versions)."""
+        return job_key(self.versions, job, digests, dumps)
 
     def get(self, key: str) -> JobResult | None:
-        """The cached result under ``key``, if any."""
+        """The cached result under ``key``, if any (marked as used)."""
+        result = self.peek(key)
+        if result is not None:
+            self.touch(key)
+        return result
+
+    def peek(self, key: str) -> JobResult | None:
+        """The cached result under ``key``, if any (not marked as used: see :meth:`touch`)."""
         row = self.db.execute("SELECT result FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        self.db.execute("UPDATE results SET used = ? WHERE key = ?", (time.time(), key))
         result: JobResult = json.loads(row[0])
         return result
+
+    def touch(self, key: str) -> None:
+        """Mark the result under ``key`` as used now (kept another :data:`CACHE_KEEP_DAYS`)."""
+        self.db.execute("UPDATE results SET used = ? WHERE key = ?", (time.time(), key))
+
+    def learned(self, f: InputFile, digest: str) -> None:
+        """Remember a hash worked out elsewhere (a worker) for a local file.
+
+        A file found remembered, or that cannot be looked at now, is left as it is.
+        """
+        looked = self._looked.pop(f.path, None)
+        if looked is None:
+            try:
+                looked = self.remembered(f)
+            except InputError:
+                return
+        if looked[0] is None:
+            self.remember(looked[1], digest)
 
     def put(self, key: str, result: JobResult) -> None:
         """Remember a result (call :meth:`commit` to make it durable)."""
@@ -242,7 +293,42 @@ class ResultCache:
         self.db.close()
 
 
-def _url_digest(f: InputFile) -> str:
+class ReadOnlyCache:
+    """Results looked up, never written, in a cache that another process writes.
+
+    A worker's view of the run's cache: it sees what the writer has committed. A cache that
+    cannot be opened or read finds nothing (the job is triaged).
+    """
+
+    def __init__(self, path: str, versions: str) -> None:
+        self.path = path
+        self.versions = versions
+        self.db: sqlite3.Connection | None = None
+        with contextlib.suppress(sqlite3.Error, OSError, ValueError):
+            uri = Path(path).resolve().as_uri() + "?mode=ro"
+            self.db = sqlite3.connect(uri, uri=True, timeout=30)
+
+    def peek(self, key: str) -> JobResult | None:
+        """The result under ``key``, if the cache holds one."""
+        if self.db is None:
+            return None
+        try:
+            row = self.db.execute("SELECT result FROM results WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error:
+            return None
+        if row is None:
+            return None
+        result: JobResult = json.loads(row[0])
+        return result
+
+    def close(self) -> None:
+        """Close the database."""
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+
+def url_digest(f: InputFile) -> str:
     """A content hash of a remote file: the store's own checksum when it has one."""
     fsspec = optional_module("fsspec")
     try:

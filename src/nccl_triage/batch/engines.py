@@ -1,7 +1,9 @@
 """Where jobs run: in this process, in a pool of worker processes, or on a Dask cluster.
 
-Input: jobs and a ruleset. Output: their :data:`JobResult` objects, in order. Workers build
-the grammar once and never import pandas, so forking a pool stays cheap and safe.
+Input: jobs and a ruleset, and the jobs new to the cache with where to look results up.
+Output: their :data:`JobResult` objects. Workers build the grammar once and never import
+pandas, so forking a pool stays cheap and safe; they hash the jobs new to the cache as they
+read them and look their results up in the cache themselves (read only).
 """
 
 from __future__ import annotations
@@ -9,16 +11,30 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
+from nccl_triage.batch.cache import ReadOnlyCache
 from nccl_triage.batch.inputs import Job, JobResult, Progress, optional_module
-from nccl_triage.batch.job import failed_result, triage_job_files
+from nccl_triage.batch.job import Lookup, failed_result, triage_job_files, triage_new_job
 from nccl_triage.errors import TriageError
 from nccl_triage.ruleset import Ruleset
 
 # ----------------------------------------------------------------------------- workers
+
+
+T = TypeVar("T")
+Task = tuple[Job, bool]  # a job, and whether it is new to the cache (hashed and looked up)
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """Where a worker looks results up: the run's cache, read only."""
+
+    path: str
+    versions: str
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,7 @@ class PortableRuleset:
 
 _WORKER_RULESETS: dict[str, Ruleset] = {}
 _worker_ruleset: Ruleset | None = None
+_worker_caches: dict[CacheView, ReadOnlyCache] = {}
 
 
 def _init_worker(ruleset: Ruleset) -> None:
@@ -70,9 +87,14 @@ def _init_worker(ruleset: Ruleset) -> None:
     settle_collector()  # a worker of ours: the collector tuned as the command line's
 
 
-def _run_chunk(jobs: list[Job]) -> list[JobResult]:
+def _run_chunk(tasks: list[Task], view: CacheView | None) -> list[JobResult]:
     assert _worker_ruleset is not None, "worker not initialised"
-    return [_safe_triage(job, _worker_ruleset) for job in jobs]
+    lookup: Lookup | None = None
+    if view is not None and any(new for _, new in tasks):
+        lookup = _worker_caches.get(view)
+        if lookup is None:
+            lookup = _worker_caches[view] = ReadOnlyCache(view.path, view.versions)
+    return [_safe_triage(job, _worker_ruleset, lookup if new else None) for job, new in tasks]
 
 
 def _run_chunk_dask(jobs: list[Job], portable: PortableRuleset) -> list[JobResult]:
@@ -80,8 +102,10 @@ def _run_chunk_dask(jobs: list[Job], portable: PortableRuleset) -> list[JobResul
     return [_safe_triage(job, ruleset) for job in jobs]
 
 
-def _safe_triage(job: Job, ruleset: Ruleset) -> JobResult:
+def _safe_triage(job: Job, ruleset: Ruleset, lookup: Lookup | None = None) -> JobResult:
     try:
+        if lookup is not None:
+            return triage_new_job(job, ruleset, lookup)
         return triage_job_files(job, ruleset)
     except Exception as exc:  # noqa: BLE001 - reported as the job's error, the run goes on
         return {
@@ -92,46 +116,62 @@ def _safe_triage(job: Job, ruleset: Ruleset) -> JobResult:
         }
 
 
-def _chunks(jobs: list[Job], workers: int, most: int) -> list[list[Job]]:
+def _chunks(items: list[T], job: Callable[[T], Job], workers: int, most: int) -> list[list[T]]:
     # Large jobs first so that no worker is left with a big one at the end.
-    ordered = sorted(jobs, key=lambda j: -sum(f.size or 0 for f in j.files))
+    ordered = sorted(items, key=lambda t: -sum(f.size or 0 for f in job(t).files))
     size = max(1, min(most, len(ordered) // (workers * 8) or 1))
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
+def _task_job(task: Task) -> Job:
+    return task[0]
+
+
+def _same(job: Job) -> Job:
+    return job
+
+
 def run_serial(
-    jobs: list[Job], ruleset: Ruleset, progress: Progress | None = None
+    jobs: list[Job],
+    ruleset: Ruleset,
+    progress: Progress | None = None,
+    new: Sequence[Job] = (),
+    lookup: Lookup | None = None,
 ) -> Iterator[tuple[Job, JobResult]]:
-    """Triage jobs one after the other in this process."""
-    for i, job in enumerate(jobs, 1):
-        yield job, _safe_triage(job, ruleset)
+    """Triage jobs one after the other in this process.
+
+    ``new``: jobs new to the cache, hashed as they are read and looked up in ``lookup``
+    first (:func:`~nccl_triage.batch.job.triage_new_job`).
+    """
+    total = len(jobs) + len(new)
+    tasks = itertools.chain(((j, None) for j in jobs), ((j, lookup) for j in new))
+    for i, (job, looks) in enumerate(tasks, 1):
+        yield job, _safe_triage(job, ruleset, looks)
         if progress:
-            progress(i, len(jobs))
+            progress(i, total)
 
 
 def run_processes(
-    jobs: Iterable[Job],
+    jobs: list[Job],
     ruleset: Ruleset,
     workers: int,
     progress: Progress | None = None,
-    total: int | None = None,
+    new: Sequence[Job] = (),
+    cache: CacheView | None = None,
 ) -> Iterator[tuple[Job, JobResult]]:
     """Triage jobs in a pool of ``workers`` processes, yielding results as they come.
 
-    A list is handed out largest jobs first; any other iterable is drawn as the workers need
-    more (a few chunks ahead), so whatever makes its jobs (hashing them for the cache) runs
-    while the workers triage. ``total``: how many jobs there are at most (for ``progress``).
+    Jobs are handed out largest first. ``new``: jobs new to the cache, which the workers hash
+    as they read them and look up in ``cache`` first
+    (:func:`~nccl_triage.batch.job.triage_new_job`).
     """
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    if isinstance(jobs, list):
-        total = len(jobs)
-        chunks: Iterator[list[Job]] = iter(_chunks(jobs, workers, 32))
-    else:
-        size = max(1, min(32, (total or 0) // (workers * 8) or 1))
-        chunks = _chunked(iter(jobs), size)
+    tasks: list[Task] = [(j, False) for j in jobs] + [(j, True) for j in new]
+    total = len(tasks)
+    chunks = iter(_chunks(tasks, _task_job, workers, 32))
     context = multiprocessing.get_context(_start_method())
     if context.get_start_method() == "fork":
         from nccl_triage.parse.grammar import parser
@@ -145,15 +185,15 @@ def run_processes(
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_init_worker, initargs=(ruleset,)
     ) as pool:
-        pending: dict[Future[list[JobResult]], list[Job]] = {}
-        failed: list[list[Job]] = []  # chunks no worker will take
+        pending: dict[Future[list[JobResult]], list[Task]] = {}
+        failed: list[list[Task]] = []  # chunks no worker will take
 
         def hand_out(count: int) -> None:
             nonlocal broken
             for chunk in itertools.islice(chunks, count):
                 if broken is None:
                     try:
-                        pending[pool.submit(_run_chunk, chunk)] = chunk
+                        pending[pool.submit(_run_chunk, chunk, cache)] = chunk
                         continue
                     except BrokenProcessPool as exc:
                         broken = f"a worker process died ({exc or 'killed'})"
@@ -162,31 +202,25 @@ def run_processes(
         hand_out(ahead)
         while pending or failed:
             finished = wait(pending, return_when=FIRST_COMPLETED)[0] if pending else set()
-            out: list[tuple[list[Job], list[JobResult]]] = []
+            out: list[tuple[list[Task], list[JobResult]]] = []
             for fut in finished:
                 chunk = pending.pop(fut)
                 try:
                     out.append((chunk, fut.result()))
                 except BrokenProcessPool as exc:
                     broken = broken or f"a worker process died ({exc or 'killed'})"
-                    out.append((chunk, [failed_result(j, broken) for j in chunk]))
+                    out.append((chunk, [failed_result(j, broken) for j, _ in chunk]))
             hand_out(len(finished))
             if broken is not None:  # the rest as the old pool failed them: every job, at once
                 hand_out(sys.maxsize)
             while failed:
                 chunk = failed.pop(0)
-                out.append((chunk, [failed_result(j, broken or "not triaged") for j in chunk]))
+                out.append((chunk, [failed_result(j, broken or "not triaged") for j, _ in chunk]))
             for chunk, results in out:
-                yield from zip(chunk, results, strict=True)
+                yield from zip((job for job, _ in chunk), results, strict=True)
                 done += len(chunk)
                 if progress:
-                    progress(done, max(done, total or done))
-
-
-def _chunked(jobs: Iterator[Job], size: int) -> Iterator[list[Job]]:
-    """Lists of ``size`` jobs (the last one shorter), drawn as they are asked for."""
-    while chunk := list(itertools.islice(jobs, size)):
-        yield chunk
+                    progress(done, total)
 
 
 def _start_method() -> str:
@@ -263,7 +297,7 @@ def run_dask(
         by_name = {job.name: job for job in jobs}
         portable = client.scatter(PortableRuleset.of(ruleset), broadcast=True, hash=False)
         n = max(1, len(client.scheduler_info().get("workers", {})) or workers)
-        chunks = _chunks(absolute, n, 64)
+        chunks = _chunks(absolute, _same, n, 64)
         futures = client.map(_run_chunk_dask, chunks, portable=portable, pure=False)
         index = {fut.key: chunk for fut, chunk in zip(futures, chunks, strict=True)}
         done = 0

@@ -8,9 +8,11 @@ cache keeps.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+from typing import IO, Any, Protocol
 
+from nccl_triage.batch.cache import job_key, read_digest, url_digest
 from nccl_triage.batch.inputs import (
     HEAD_BYTES,
     ISO_TIME,
@@ -21,24 +23,116 @@ from nccl_triage.batch.inputs import (
     Job,
     JobResult,
     optional_module,
+    os_error_reason,
 )
 from nccl_triage.errors import InputError, TemplateError
-from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary
+from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary, open_bytes
 from nccl_triage.model import Event, Report
 from nccl_triage.pipeline import Triage, job_budget
 from nccl_triage.ruleset import Ruleset
 
 # ----------------------------------------------------------------------------- one job
 
+HOLD_BYTES = 64 << 20  # a new job's bytes kept from hashing to triage (beyond: read twice)
 
-def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
+
+class Lookup(Protocol):
+    """Where the results of earlier runs are looked up: a cache, or a worker's view of it."""
+
+    versions: str
+
+    def peek(self, key: str) -> JobResult | None:
+        """The result under ``key``, if any."""
+        ...
+
+
+def triage_new_job(job: Job, ruleset: Ruleset, lookup: Lookup) -> JobResult:
+    """Hash a job the cache does not know, look its result up, and triage it when not found.
+
+    The bytes hashed are the bytes triaged (read once, up to :data:`HOLD_BYTES`). The result
+    says what was worked out under ``"_cache"``: the hashes of the job's local files and
+    dumps (``[index, hash]``), its key (None when a file could not be read) and whether the
+    result came from the cache. A file that cannot be read is an error of the job, as in
+    :func:`triage_job_files`.
+    """
+    files: list[InputFile] = []
+    digests: list[str] = []
+    hashed: list[list[Any]] = []
+    held: dict[str, bytes] = {}
+    room = HOLD_BYTES
+    for i, f in enumerate(job.files):
+        if f.error:
+            files.append(f)
+            continue
+        try:
+            digest, data = _digest(f, room)
+        except InputError as exc:
+            files.append(replace(f, error=str(exc)))
+            continue
+        files.append(f)
+        digests.append(digest)
+        if not f.is_url:
+            hashed.append([i, digest])
+        if data is not None:
+            held[f.path] = data
+            room -= len(data)
+    dumps: list[tuple[str, str]] = []  # (hash, name): a dump's rank may come from its name
+    dump_hashes: list[list[Any]] = []
+    for i, d in enumerate(job.dumps):
+        try:
+            digest = "error" if d.error else _digest(d, 0)[0]
+        except InputError:
+            digest = "error"
+        dumps.append((digest, d.name))
+        if digest != "error" and not d.is_url:
+            dump_hashes.append([i, digest])
+    job = replace(job, files=tuple(files))
+    key = job_key(lookup.versions, job, digests, dumps) if len(digests) == len(files) else None
+    info: dict[str, Any] = {"files": hashed, "dumps": dump_hashes, "key": key, "hit": False}
+    found = lookup.peek(key) if key is not None else None
+    if found is not None:
+        info["hit"] = True
+        result = found
+    elif all(f.error for f in files):
+        result = unreadable_result(job)
+    else:
+        result = triage_job_files(job, ruleset, held)
+    result["_cache"] = info
+    return result
+
+
+def _digest(f: InputFile, hold: int) -> tuple[str, bytes | None]:
+    """A file's content hash, and its bytes when at most ``hold`` (:func:`read_digest`).
+
+    Raises:
+        InputError: the file cannot be read.
+    """
+    if f.is_url:
+        return url_digest(f), None
+    try:
+        return read_digest(f.path, hold)
+    except IsADirectoryError:
+        raise InputError(f.name, "is a directory") from None
+    except OSError as exc:
+        raise InputError(f.name, os_error_reason(exc)) from None
+
+
+def unreadable_result(job: Job) -> JobResult:
+    """The result of a job none of whose files could be read."""
+    return {"verdict": None, "errors": [[i, f.error, "access"] for i, f in enumerate(job.files)]}
+
+
+def triage_job_files(
+    job: Job, ruleset: Ruleset, held: Mapping[str, bytes] | None = None
+) -> JobResult:
     """Triage one job's files as one input and return the result as plain data.
 
     A file that cannot be read adds its error and nothing else; the job is triaged from the
     files that could be read. Line numbers stay per file, and evidence names its file by
     index into ``job.files``. In a job of several files, events of a file that does not say
     their rank get the file's rank: the one rank its lines name, or the layout's. The job's
-    flight-recorder dumps join its facts; one that cannot be read is a note.
+    flight-recorder dumps join its facts; one that cannot be read is a note. ``held``: the
+    bytes of files already read, by path.
     """
     errors: list[list[Any]] = [[i, f.error, "access"] for i, f in enumerate(job.files) if f.error]
     triage = Triage(ruleset, job.name, max_candidates=job_budget(len(job.files)))
@@ -49,7 +143,8 @@ def triage_job_files(job: Job, ruleset: Ruleset) -> JobResult:
         if f.error:
             continue
         try:
-            head = _feed_file(triage, f, len(job.files) > 1)
+            data = held.get(f.path) if held else None
+            head = _feed_file(triage, f, len(job.files) > 1, data)
         except InputError as exc:
             # Damaged compression is a property of the bytes: cached with them. Access
             # problems (permissions, I/O) may be gone next time.
@@ -82,11 +177,14 @@ def _read_dumps(triage: Triage, job: Job) -> list[str]:
     return notes
 
 
-def _feed_file(triage: Triage, f: InputFile, several: bool) -> str | None:
-    """Read one file of a job into ``triage``; return the ISO time its first bytes show."""
+def _feed_file(triage: Triage, f: InputFile, several: bool, data: bytes | None) -> str | None:
+    """Read one file of a job (or its bytes, ``data``) into ``triage``.
+
+    Return the ISO time its first bytes show.
+    """
     triage.open(f.name, rank_hint=f.rank if several else None)
     head = b""
-    with _open(f) as fh:
+    with _open(f, data) as fh:
         for chunk in iter_chunks(fh):
             if not head:
                 head = chunk[:HEAD_BYTES]
@@ -97,7 +195,11 @@ def _feed_file(triage: Triage, f: InputFile, several: bool) -> str | None:
 
 
 @contextlib.contextmanager
-def _open(f: InputFile) -> Iterator[Reader]:
+def _open(f: InputFile, data: bytes | None = None) -> Iterator[Reader]:
+    if data is not None:
+        with open_bytes(data, f.name) as reader:
+            yield reader
+        return
     if not f.is_url:
         with open_binary(f.path) as reader:
             reader.name = f.name

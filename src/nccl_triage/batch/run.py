@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from nccl_triage.batch.cache import ResultCache, code_version
-from nccl_triage.batch.engines import run_dask, run_processes, run_serial
+from nccl_triage.batch.engines import CacheView, run_dask, run_processes, run_serial
 from nccl_triage.batch.inputs import (
     DEFAULT_FR_PATTERNS,
     DEFAULT_INCLUDE,
@@ -33,6 +33,7 @@ from nccl_triage.batch.inputs import (
     discover,
     group_jobs,
 )
+from nccl_triage.batch.job import unreadable_result
 from nccl_triage.batch.table import Summary, build_table, summarize
 
 # ----------------------------------------------------------------------------- batch run
@@ -154,12 +155,12 @@ def run_batch(
     def looked_up(job: Job) -> Job | None:
         """The job to triage, or None: unreadable, or its result cached (its outcome kept)."""
         if all(f.error for f in job.files):
-            outcomes[job.name] = Outcome(job, _unreadable(job))
+            outcomes[job.name] = Outcome(job, unreadable_result(job))
             return None
         if cache is not None:
             job = _hashed(job, cache, keys)  # files unreadable now carry their error
             if all(f.error for f in job.files):
-                outcomes[job.name] = Outcome(job, _unreadable(job))
+                outcomes[job.name] = Outcome(job, unreadable_result(job))
                 return None
             hit = cache.get(keys[job.name]) if job.name in keys else None
             if hit is not None:
@@ -169,23 +170,35 @@ def run_batch(
         return job
 
     # Jobs whose files the cache knows (or without a cache) are looked up now; the others,
-    # whose files must be hashed first, as the engine asks for them (a pool of workers
-    # triages the first ones while the next ones are hashed).
+    # whose files must be hashed first, by the process that triages them, as it reads them
+    # (it looks their results up itself: a copy of a file seen before is found).
     todo: list[Job] = []
     new: list[Job] = []
     for job in jobs:
         if cache is not None and not cache.knows(job.files):
-            new.append(job)
+            if all(f.error for f in job.files):
+                outcomes[job.name] = Outcome(job, unreadable_result(job))
+            else:
+                new.append(job)
         elif (ready := looked_up(job)) is not None:
             todo.append(ready)
     workers = opts.workers or os.cpu_count() or 1
     try:
-        found = _engine(todo, new, looked_up, ruleset, opts, workers, stats, progress)
+        found = _engine(todo, new, looked_up, ruleset, opts, workers, stats, progress, cache)
         for job, result in found:
+            info = result.pop("_cache", None)
+            key = keys.get(job.name)
+            if info is not None and cache is not None:
+                key = _learned(cache, job, info)
+                if info["hit"] and key is not None:
+                    cache.touch(key)
+                    outcomes[job.name] = Outcome(job, _renamed(result, job), cached=True)
+                    stats.cached += 1
+                    continue
             outcomes[job.name] = Outcome(job, result)
             stats.triaged += 1
-            if cache is not None and job.name in keys and _cacheable(result):
-                cache.put(keys[job.name], {**result, "file_names": [f.name for f in job.files]})
+            if cache is not None and key is not None and _cacheable(result):
+                cache.put(key, {**result, "file_names": [f.name for f in job.files]})
                 if stats.triaged % 500 == 0:
                     cache.commit()
     finally:
@@ -223,6 +236,16 @@ def _hashed(job: Job, cache: ResultCache, keys: dict[str, str]) -> Job:
     return job
 
 
+def _learned(cache: ResultCache, job: Job, info: dict[str, Any]) -> str | None:
+    """Remember the hashes a worker worked out for a job's files; return the job's key."""
+    for i, digest in info["files"]:
+        cache.learned(job.files[i], digest)
+    for i, digest in info["dumps"]:
+        cache.learned(job.dumps[i], digest)
+    key = info["key"]
+    return str(key) if key is not None else None
+
+
 def _cacheable(result: JobResult) -> bool:
     return all(entry[2] == "content" for entry in result.get("errors", []))
 
@@ -250,10 +273,6 @@ def _renamed(result: JobResult, job: Job) -> JobResult:
     return out
 
 
-def _unreadable(job: Job) -> JobResult:
-    return {"verdict": None, "errors": [[i, f.error, "access"] for i, f in enumerate(job.files)]}
-
-
 def _engine(
     todo: list[Job],
     new: list[Job],
@@ -263,29 +282,23 @@ def _engine(
     workers: int,
     stats: BatchStats,
     progress: Progress | None,
+    cache: ResultCache | None,
 ) -> Iterator[tuple[Job, JobResult]]:
-    """Triage ``todo``, then what ``looked_up`` leaves of ``new`` (looked up as they go)."""
+    """Triage ``todo`` and ``new``, the jobs new to the cache.
 
-    def rest() -> Iterator[Job]:
-        yield from todo
-        for job in new:
-            ready = looked_up(job)
-            if ready is not None:
-                yield ready
-
-    count = len(todo) + len(new)  # at most
+    Locally, whatever triages a new job hashes it and looks it up first; on Dask (whose
+    workers may not see the cache) ``looked_up`` hashes and looks it up here.
+    """
+    count = len(todo) + len(new)
     if opts.engine == "dask":
         stats.engine, stats.workers = "dask", workers
-        jobs = list(rest())
+        jobs = todo + [ready for job in new if (ready := looked_up(job)) is not None]
         if not jobs:
             return iter(())
         return run_dask(jobs, ruleset, opts.scheduler, workers, progress)
     if workers <= 1 or (opts.workers == 0 and count < SERIAL_BELOW):
         stats.engine, stats.workers = "serial", 1
-        return run_serial(list(rest()), ruleset, progress)
-    if not new:
-        workers = min(workers, max(1, len(todo)))
-        stats.engine, stats.workers = "processes", workers
-        return run_processes(todo, ruleset, workers, progress)
-    stats.engine, stats.workers = "processes", min(workers, count)
-    return run_processes(rest(), ruleset, stats.workers, progress, total=count)
+        return run_serial(todo, ruleset, progress, new, cache)
+    stats.engine, stats.workers = "processes", min(workers, max(1, count))
+    view = CacheView(str(cache.path), cache.versions) if cache is not None and new else None
+    return run_processes(todo, ruleset, stats.workers, progress, new, view)

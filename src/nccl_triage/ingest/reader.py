@@ -117,6 +117,11 @@ def open_binary(path: str, stdin: IO[bytes] | None = None) -> Reader:
     return _wrap_compressed(fh, name, close_inner=True)
 
 
+def open_bytes(data: bytes, name: str) -> Reader:
+    """Read bytes already in memory as :func:`open_binary` reads a file named ``name``."""
+    return _wrap_compressed(io.BufferedReader(io.BytesIO(data)), name, close_inner=True)
+
+
 class _Raw(io.RawIOBase):
     """Adapts any object with ``read`` to a raw stream that :class:`io.BufferedReader` takes."""
 
