@@ -836,3 +836,41 @@ def test_a_worker_that_dies_fails_its_jobs_not_the_batch(monkeypatch: pytest.Mon
             for j, got_r in got.items()
             if j.name in died
         )
+
+
+_ISO = re.compile(rb"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                *(b"2025-04-06 10:18:00", b"12025-04-06T10:18:00", b"2025-4-06 10:18:00"),
+                *(b"-", b"0", b"9", b"-06-07 ", b"10:1", b"x", b"\n", b"2025-04-06T1"),
+            ]
+        ),
+        max_size=12,
+    )
+)
+def test_the_first_iso_time_is_the_full_patterns_first_match(parts: list[bytes]) -> None:
+    from nccl_triage.batch.inputs import first_iso_time
+
+    data = b"".join(parts)
+    m = _ISO.search(data)
+    assert first_iso_time(data) == (m.group(0).decode() if m else None)
+
+
+def test_a_file_is_hashed_and_held_when_small(tmp_path: Path) -> None:
+    import hashlib
+
+    from nccl_triage.batch.cache import file_digest, read_digest
+
+    path = tmp_path / "a.log"
+    data = b"line\n" * 1000
+    path.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    assert read_digest(str(path), len(data)) == (digest, data)
+    assert read_digest(str(path), len(data) - 1) == (digest, None)  # too big to hold
+    assert read_digest(str(path), 0) == (digest, None) and file_digest(str(path)) == digest
+    with pytest.raises(OSError):
+        read_digest(str(tmp_path / "missing.log"), 100)

@@ -16,8 +16,11 @@ from hypothesis import strategies as st
 
 from nccl_triage.errors import InputError
 from nccl_triage.ingest.reader import (
+    chunks_of,
+    iter_chunks,
     iter_lines,
     lines_from_bytes,
+    open_binary,
     segment_bounds,
     segments,
     strip_ansi,
@@ -288,3 +291,49 @@ def test_empty_input(tmp_path: Path) -> None:
     result = parse_path(str(path))
     assert (result.lines, result.events, result.unparsed) == (0, [], [])
     assert list(iter_lines(str(path))) == []
+
+
+def _read_all(path: Path, size: int) -> tuple[list[bytes], str | None]:
+    """What reading a file as chunks gives: the chunks, or the error's message."""
+    got: list[bytes] = []
+    try:
+        with open_binary(str(path)) as fh:
+            got.extend(iter_chunks(fh, size))
+    except InputError as exc:
+        return got, str(exc)
+    return got, None
+
+
+def _chunks_all(data: bytes, name: str, size: int) -> tuple[list[bytes], str | None]:
+    got: list[bytes] = []
+    try:
+        got.extend(chunks_of(data, name, size))
+    except InputError as exc:
+        return got, str(exc)
+    return got, None
+
+
+@pytest.mark.parametrize("suffix", ["", *COMPRESSORS])
+@pytest.mark.parametrize("cut", [False, True])
+def test_bytes_in_memory_read_as_their_file(tmp_path: Path, suffix: str, cut: bool) -> None:
+    """A file's bytes already in memory read as the file itself: the same chunks of the same
+    size, decompressed alike, a truncated archive the same error naming the file."""
+    data = LOG.read_bytes() * 40
+    packed = COMPRESSORS[suffix](data) if suffix else data
+    if cut:
+        packed = packed[: len(packed) // 2]
+    path = tmp_path / f"job.log{suffix}"
+    path.write_bytes(packed)
+    for size in (4096, 1 << 20):
+        expected = _read_all(path, size)
+        assert _chunks_all(packed, str(path), size) == expected
+        assert (expected[1] is not None) == (cut and bool(suffix))
+
+
+@given(st.binary(max_size=300), st.integers(1, 64))
+def test_plain_bytes_in_memory_come_in_chunks_of_the_size_asked(data: bytes, size: int) -> None:
+    if data.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")):
+        return
+    chunks = list(chunks_of(data, "x", size))
+    assert b"".join(chunks) == data
+    assert all(len(c) == size for c in chunks[:-1]) and all(chunks)

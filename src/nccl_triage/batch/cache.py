@@ -48,13 +48,12 @@ def read_digest(path: str, hold: int) -> tuple[str, bytes | None]:
     Raises:
         OSError: the file cannot be read.
     """
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=0) as fh:
         h = hashlib.sha256()  # (hashlib.file_digest allocates 256 KiB a call: logs are small)
         if hold > 0 and os.fstat(fh.fileno()).st_size <= hold:
-            data = fh.read(hold + 1)  # (a file that grew since: hashed, not held)
+            data = fh.readall()  # (one read into a buffer of the file's size)
             h.update(data)
-            if len(data) <= hold:
-                return h.hexdigest(), data
+            return h.hexdigest(), data if len(data) <= hold else None  # (it grew meanwhile)
         while chunk := fh.read(_HASH_CHUNK):
             h.update(chunk)
         return h.hexdigest(), None

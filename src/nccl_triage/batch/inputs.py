@@ -56,10 +56,22 @@ _SLURM_TASK = re.compile(
     r"^(?P<stem>(?:.*[._-])?)(?P<job>\d{3,})(?P<sep>[._-])(?P<task>\d{1,5})\.(?:out|err|log)$"
 )
 _SLURM_JOB = re.compile(r"^(?P<stem>(?:.*[._-])?)(?P<job>\d{3,})\.(?:out|err)$")  # .out + .err
-ISO_TIME = re.compile(rb"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
-ISO_TIME_STR = re.compile(ISO_TIME.pattern.decode())
+# (found from the "-" on: a pattern that starts with a literal is searched for it first)
+_ISO_TAIL = re.compile(rb"-\d\d-\d\d[T ]\d\d:\d\d:\d\d")
+ISO_TIME_STR = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)")
 
 SEVERITY_ORDER = {"critical": 4, "high": 3, "medium": 2, "low": 1, "info": 0}
+
+
+def first_iso_time(data: bytes) -> str | None:
+    """The first ISO date and time (``2025-04-06 10:18:00``, ``T`` or a space) in ``data``."""
+    at = 0
+    while (m := _ISO_TAIL.search(data, at)) is not None:
+        start = m.start()
+        if start >= 4 and data[start - 4 : start].isdigit():
+            return data[start - 4 : m.end()].decode()
+        at = start + 1
+    return None
 
 
 # ----------------------------------------------------------------------------- inputs

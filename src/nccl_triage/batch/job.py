@@ -15,18 +15,18 @@ from typing import IO, Any, Protocol
 from nccl_triage.batch.cache import job_key, read_digest, url_digest
 from nccl_triage.batch.inputs import (
     HEAD_BYTES,
-    ISO_TIME,
     ISO_TIME_STR,
     MAX_EVIDENCE,
     MAX_TEXT,
     InputFile,
     Job,
     JobResult,
+    first_iso_time,
     optional_module,
     os_error_reason,
 )
 from nccl_triage.errors import InputError, TemplateError
-from nccl_triage.ingest.reader import Reader, iter_chunks, open_binary, open_bytes
+from nccl_triage.ingest.reader import chunks_of, iter_chunks, open_binary
 from nccl_triage.model import Event, Report
 from nccl_triage.pipeline import Triage, job_budget
 from nccl_triage.ruleset import Ruleset
@@ -184,26 +184,24 @@ def _feed_file(triage: Triage, f: InputFile, several: bool, data: bytes | None) 
     """
     triage.open(f.name, rank_hint=f.rank if several else None)
     head = b""
-    with _open(f, data) as fh:
-        for chunk in iter_chunks(fh):
+    with _chunks(f, data) as chunks:
+        for chunk in chunks:
             if not head:
                 head = chunk[:HEAD_BYTES]
             triage.feed(chunk, f.name)
     triage.close(f.name)
-    first = ISO_TIME.search(head) if head else None
-    return first.group(0).decode() if first else None
+    return first_iso_time(head) if head else None
 
 
 @contextlib.contextmanager
-def _open(f: InputFile, data: bytes | None = None) -> Iterator[Reader]:
+def _chunks(f: InputFile, data: bytes | None) -> Iterator[Iterator[bytes]]:
     if data is not None:
-        with open_bytes(data, f.name) as reader:
-            yield reader
+        yield chunks_of(data, f.name)
         return
     if not f.is_url:
         with open_binary(f.path) as reader:
             reader.name = f.name
-            yield reader
+            yield iter_chunks(reader)
         return
     fsspec = optional_module("fsspec")
     if fsspec is None:
@@ -219,7 +217,7 @@ def _open(f: InputFile, data: bytes | None = None) -> Iterator[Reader]:
     try:
         reader = open_binary("-", stdin=raw)  # decompression recognised by content
         reader.name = f.name
-        yield reader
+        yield iter_chunks(reader)
     finally:
         raw.close()
 

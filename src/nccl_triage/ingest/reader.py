@@ -30,6 +30,7 @@ _MAGIC = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
+_MAGIC_HEADS = tuple(magic for magic, _ in _MAGIC)
 
 # ESC-introduced CSI/OSC sequences, and the bare "[36m" / "[0m" remnants whose ESC byte was
 # lost on the way (copied from a terminal, or replaced by a space by a log shipper).
@@ -117,9 +118,17 @@ def open_binary(path: str, stdin: IO[bytes] | None = None) -> Reader:
     return _wrap_compressed(fh, name, close_inner=True)
 
 
-def open_bytes(data: bytes, name: str) -> Reader:
-    """Read bytes already in memory as :func:`open_binary` reads a file named ``name``."""
-    return _wrap_compressed(io.BufferedReader(io.BytesIO(data)), name, close_inner=True)
+def chunks_of(data: bytes, name: str, size: int = CHUNK_SIZE) -> Iterator[bytes]:
+    """The bytes of a file already in memory, as :func:`open_binary` would read the file.
+
+    Decompressed when they say so, in chunks of about ``size`` bytes; errors name ``name``.
+    """
+    if not data.startswith(_MAGIC_HEADS):
+        for at in range(0, len(data), size):
+            yield data[at : at + size]  # (the bytes themselves when one chunk holds them)
+        return
+    with _wrap_compressed(io.BufferedReader(io.BytesIO(data)), name, close_inner=True) as fh:
+        yield from iter_chunks(fh, size)
 
 
 class _Raw(io.RawIOBase):
