@@ -59,6 +59,19 @@ def read_digest(path: str, hold: int) -> tuple[str, bytes | None]:
         return h.hexdigest(), None
 
 
+def cacheable(result: JobResult) -> bool:
+    """Whether a result may be cached: it holds no error but the bytes' own (damaged data)."""
+    return all(entry[2] == "content" for entry in result.get("errors", []))
+
+
+def stored(result: JobResult, job: Job) -> str:
+    """A job's result as the cache keeps it: JSON, with the names of its files.
+
+    A copy of the files elsewhere gets the result back with its own names.
+    """
+    return json.dumps({**result, "file_names": [f.name for f in job.files]}, ensure_ascii=False)
+
+
 def job_key(
     versions: str,
     job: Job,
@@ -264,12 +277,11 @@ class ResultCache:
         if looked[0] is None:
             self.remember(looked[1], digest)
 
-    def put(self, key: str, result: JobResult) -> None:
-        """Remember a result (call :meth:`commit` to make it durable)."""
+    def put(self, key: str, result: str) -> None:
+        """Remember a result as :func:`stored` gives it (call :meth:`commit` to make it durable)."""
         now = time.time()
         self.db.execute(
-            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)",
-            (key, json.dumps(result, ensure_ascii=False), now, now),
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?)", (key, result, now, now)
         )
 
     def commit(self) -> None:

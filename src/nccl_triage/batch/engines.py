@@ -158,12 +158,14 @@ def run_processes(
     progress: Progress | None = None,
     new: Sequence[Job] = (),
     cache: CacheView | None = None,
+    forked: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Job, JobResult]]:
     """Triage jobs in a pool of ``workers`` processes, yielding results as they come.
 
     Jobs are handed out largest first. ``new``: jobs new to the cache, which the workers hash
     as they read them and look up in ``cache`` first
-    (:func:`~nccl_triage.batch.job.triage_new_job`).
+    (:func:`~nccl_triage.batch.job.triage_new_job`). ``forked`` is called once no more
+    worker processes will be forked from this one.
     """
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -199,7 +201,9 @@ def run_processes(
                         broken = f"a worker process died ({exc or 'killed'})"
                 failed.append(chunk)
 
-        hand_out(ahead)
+        hand_out(ahead)  # (with fork, every worker starts at the first job handed out)
+        if forked is not None:
+            forked()
         while pending or failed:
             finished = wait(pending, return_when=FIRST_COMPLETED)[0] if pending else set()
             out: list[tuple[list[Task], list[JobResult]]] = []

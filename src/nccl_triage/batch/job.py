@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import IO, Any, Protocol
 
-from nccl_triage.batch.cache import job_key, read_digest, url_digest
+from nccl_triage.batch.cache import cacheable, job_key, read_digest, stored, url_digest
 from nccl_triage.batch.inputs import (
     HEAD_BYTES,
     ISO_TIME_STR,
@@ -51,8 +51,8 @@ def triage_new_job(job: Job, ruleset: Ruleset, lookup: Lookup) -> JobResult:
 
     The bytes hashed are the bytes triaged (read once, up to :data:`HOLD_BYTES`). The result
     says what was worked out under ``"_cache"``: the hashes of the job's local files and
-    dumps (``[index, hash]``), its key (None when a file could not be read) and whether the
-    result came from the cache. A file that cannot be read is an error of the job, as in
+    dumps (``[index, hash]``), its key (None when a file could not be read), whether the
+    result came from the cache, and the result as the cache stores it (when it may). A file that cannot be read is an error of the job, as in
     :func:`triage_job_files`.
     """
     files: list[InputFile] = []
@@ -97,6 +97,8 @@ def triage_new_job(job: Job, ruleset: Ruleset, lookup: Lookup) -> JobResult:
         result = unreadable_result(job)
     else:
         result = triage_job_files(job, ruleset, held)
+        if key is not None and cacheable(result):
+            info["stored"] = stored(result, job)  # (the JSON made here, beside the work)
     result["_cache"] = info
     return result
 

@@ -19,7 +19,7 @@ from nccl_triage.ruleset import Ruleset
 if TYPE_CHECKING:
     import pandas as pd
 
-from nccl_triage.batch.cache import ResultCache, code_version
+from nccl_triage.batch.cache import ResultCache, cacheable, code_version, stored
 from nccl_triage.batch.engines import CacheView, run_dask, run_processes, run_serial
 from nccl_triage.batch.inputs import (
     DEFAULT_FR_PATTERNS,
@@ -34,7 +34,7 @@ from nccl_triage.batch.inputs import (
     group_jobs,
 )
 from nccl_triage.batch.job import unreadable_result
-from nccl_triage.batch.table import Summary, build_table, summarize
+from nccl_triage.batch.table import Summary, build_table, preload, summarize
 
 # ----------------------------------------------------------------------------- batch run
 
@@ -197,8 +197,9 @@ def run_batch(
                     continue
             outcomes[job.name] = Outcome(job, result)
             stats.triaged += 1
-            if cache is not None and key is not None and _cacheable(result):
-                cache.put(key, {**result, "file_names": [f.name for f in job.files]})
+            if cache is not None and key is not None and cacheable(result):
+                text = info.get("stored") if info is not None else None
+                cache.put(key, text if text is not None else stored(result, job))
                 if stats.triaged % 500 == 0:
                     cache.commit()
     finally:
@@ -244,10 +245,6 @@ def _learned(cache: ResultCache, job: Job, info: dict[str, Any]) -> str | None:
         cache.learned(job.dumps[i], digest)
     key = info["key"]
     return str(key) if key is not None else None
-
-
-def _cacheable(result: JobResult) -> bool:
-    return all(entry[2] == "content" for entry in result.get("errors", []))
 
 
 def _renamed(result: JobResult, job: Job) -> JobResult:
@@ -301,4 +298,4 @@ def _engine(
         return run_serial(todo, ruleset, progress, new, cache)
     stats.engine, stats.workers = "processes", min(workers, max(1, count))
     view = CacheView(str(cache.path), cache.versions) if cache is not None and new else None
-    return run_processes(todo, ruleset, stats.workers, progress, new, view)
+    return run_processes(todo, ruleset, stats.workers, progress, new, view, forked=preload)

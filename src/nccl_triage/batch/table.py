@@ -9,6 +9,8 @@ never pay for it.
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -92,6 +94,21 @@ def _row(o: Outcome, d: dict[str, Any] | None) -> dict[str, Any]:
         "fr_frame": fr.get("frame") if fr else None,
         "error": "; ".join(o.errors) or None,
     }
+
+
+def preload() -> None:
+    """Import pandas in a thread of its own, for the table at the end of a run.
+
+    Called once worker processes are forked (a process with the threads numpy starts must not
+    fork): the import then overlaps the run instead of following it.
+    """
+    if "pandas" not in sys.modules:
+        threading.Thread(target=_import_pandas, name="nccl-triage-pandas").start()
+
+
+def _import_pandas() -> None:
+    with contextlib.suppress(ImportError):
+        import pandas  # noqa: F401 - imported for later
 
 
 def build_table(outcomes: Sequence[Outcome], per_diagnosis: bool = False) -> pd.DataFrame:
