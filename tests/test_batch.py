@@ -397,6 +397,35 @@ def test_rerun_triages_only_new_or_changed_files_and_rule_changes_invalidate(
     assert b.run_batch([str(archive)], fewer, opts).stats.triaged == 8
 
 
+@pytest.mark.parametrize("preload", [True, False])
+def test_a_rerun_over_unchanged_files_reads_none(
+    tmp_path: Path, ruleset: Any, monkeypatch: pytest.MonkeyPatch, preload: bool
+) -> None:
+    """Each file's hash is remembered with its path, size, mtime and inode (as discovery saw
+    them), read back in one query (or one a file, for a cache too big to read at once): a
+    rerun hashes no file; a file touched is hashed again, and its job found in the cache."""
+    from nccl_triage.batch import cache as cache_mod
+
+    archive = make_archive(tmp_path / "archive")
+    opts = b.BatchOptions(db=tmp_path / "c.sqlite", workers=1)
+    first = b.run_batch([str(archive)], ruleset, opts)
+    if not preload:
+        monkeypatch.setattr(cache_mod, "PRELOAD_FILES", 0)
+    read: list[str] = []
+
+    def reading(path: str, hold: int) -> tuple[str, bytes | None]:
+        read.append(path)
+        return cache_mod.read_digest(path, hold)
+
+    monkeypatch.setattr(batch_job, "read_digest", reading)
+    again = b.run_batch([str(archive)], ruleset, opts)
+    assert (again.stats.triaged, again.stats.cached, read) == (0, first.stats.jobs, [])
+    touched = min(archive.rglob("*.log"))
+    os.utime(touched, ns=(0, touched.stat().st_mtime_ns + 10**9))
+    third = b.run_batch([str(archive)], ruleset, opts)
+    assert (third.stats.triaged, third.stats.cached, read) == (0, first.stats.jobs, [str(touched)])
+
+
 def test_a_cached_error_names_the_file_it_is_about_now(tmp_path: Path, ruleset: Any) -> None:
     blob = gzip.compress(TIMEOUT.format(rank=0).encode() * 50)
     (tmp_path / "one").mkdir()

@@ -16,6 +16,7 @@ import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from nccl_triage import __version__
 from nccl_triage.batch.inputs import (
@@ -35,6 +36,7 @@ from nccl_triage.ingest.private import cache_root
 
 _HASH_CHUNK = 1 << 20
 FileKey = tuple[str, int, int, int]  # a file's real path, size, mtime (ns) and inode
+PRELOAD_FILES = 100_000  # remembered files read in one query up to this many (about 40 MB)
 
 
 def file_digest(path: str) -> str:
@@ -126,6 +128,8 @@ class ResultCache:
         self._real_dirs: dict[str, str] = {}  # a directory -> its real path
         self._new_files: list[tuple[str, int, int, int, str]] = []  # written at commit
         self._looked: dict[str, tuple[str | None, FileKey]] = {}  # by knows(), for digest()
+        # the files table, read at the first look (None: not yet; False: too big to read)
+        self._files: dict[FileKey, str] | Literal[False] | None = None
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
@@ -195,26 +199,45 @@ class ResultCache:
         Raises:
             InputError: the file cannot be looked at (or is a directory).
         """
-        try:
-            st = os.lstat(f.path)
-            linked = stat.S_ISLNK(st.st_mode)
-            if linked:
-                st = os.stat(f.path)
-        except OSError as exc:
-            raise InputError(f.name, os_error_reason(exc)) from None
-        if stat.S_ISDIR(st.st_mode):
-            raise InputError(f.name, "is a directory")
+        if f.seen is not None and f.size is not None:  # (as discovery saw it a moment ago)
+            size, (mtime_ns, ino, linked) = f.size, f.seen
+        else:
+            try:
+                st = os.lstat(f.path)
+                linked = stat.S_ISLNK(st.st_mode)
+                if linked:
+                    st = os.stat(f.path)
+            except OSError as exc:
+                raise InputError(f.name, os_error_reason(exc)) from None
+            if stat.S_ISDIR(st.st_mode):
+                raise InputError(f.name, "is a directory")
+            size, mtime_ns, ino = st.st_size, st.st_mtime_ns, st.st_ino
         real = os.path.realpath(f.path) if linked else self._realpath(f.path, plain=True)
-        where = (real, st.st_size, st.st_mtime_ns, st.st_ino)
+        where = (real, size, mtime_ns, ino)
+        if self._files is None:
+            self._files = self._all_files()
+        if self._files is not False:
+            return self._files.get(where), where
         row = self.db.execute(
             "SELECT digest FROM files WHERE path = ? AND size = ? AND mtime_ns = ? AND ino = ?",
             where,
         ).fetchone()
         return (str(row[0]) if row is not None else None), where
 
+    def _all_files(self) -> dict[FileKey, str] | Literal[False]:
+        """Every remembered file's hash in one query, or False: more than :data:`PRELOAD_FILES`."""
+        rows = self.db.execute(
+            "SELECT path, size, mtime_ns, ino, digest FROM files LIMIT ?", (PRELOAD_FILES + 1,)
+        ).fetchall()
+        if len(rows) > PRELOAD_FILES:
+            return False
+        return {(p, s, m, i): str(d) for p, s, m, i, d in rows}
+
     def remember(self, where: FileKey, digest: str) -> None:
         """Remember a file's hash with its path, size, mtime and inode (written at commit)."""
         self._new_files.append((*where, digest))
+        if isinstance(self._files, dict):
+            self._files[where] = digest
 
     def _realpath(self, path: str, plain: bool = False) -> str:
         """``os.path.realpath``, each directory resolved once (from its parent's real path).

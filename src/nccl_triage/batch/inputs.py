@@ -88,6 +88,9 @@ class InputFile:
     mtime: float | None = None
     error: str | None = None  # why it cannot be read, when that is known before triage
     dump: bool = False  # a flight-recorder dump (read with its job's logs, never as a log)
+    # as discovery saw a local file: its mtime in ns, its inode and whether its path is a
+    # symbolic link (what the cache remembers its hash with)
+    seen: tuple[int, int, bool] | None = None
 
     @property
     def is_url(self) -> bool:
@@ -218,7 +221,13 @@ def _discover_local(path: str, take: _Take) -> list[InputFile]:
     return [_local_file(path)]
 
 
-def _local_file(path: str, st: os.stat_result | None = None) -> InputFile:
+def _local_file(
+    path: str, st: os.stat_result | None = None, linked: bool | None = None
+) -> InputFile:
+    """A local file as ``st`` (its path's ``stat``, links followed) shows it.
+
+    ``linked``: whether the path is a symbolic link, when known.
+    """
     try:
         st = st or os.stat(path)
     except OSError as exc:
@@ -226,7 +235,8 @@ def _local_file(path: str, st: os.stat_result | None = None) -> InputFile:
     if not stat.S_ISREG(st.st_mode):
         # A FIFO or a device would block or never end; a batch reads files at rest.
         return InputFile(path, path, error=f"{path}: not a regular file")
-    return InputFile(path, path, size=st.st_size, mtime=st.st_mtime)
+    seen = (st.st_mtime_ns, st.st_ino, linked) if linked is not None else None
+    return InputFile(path, path, size=st.st_size, mtime=st.st_mtime, seen=seen)
 
 
 def _recursive_glob(pattern: str) -> list[InputFile]:
@@ -331,7 +341,7 @@ def _walk(root: str, take: _Take) -> list[InputFile]:
                 continue
             elif is_file:
                 try:
-                    out.append(_local_file(child, entry.stat()))
+                    out.append(_local_file(child, entry.stat(), entry.is_symlink()))
                 except OSError:
                     out.append(_local_file(child))
             elif entry.is_symlink():
