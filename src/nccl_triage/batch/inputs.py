@@ -19,6 +19,7 @@ import contextlib
 import fnmatch
 import functools
 import glob
+import operator
 import os
 import re
 import stat
@@ -321,7 +322,7 @@ def _walk(root: str, take: _Take) -> list[InputFile]:
         seen.add(ident)
         try:
             with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(it, key=_NAME)
         except OSError as exc:
             out.append(InputFile(path, path, error=f"{path}: cannot list: {exc.strerror or exc}"))
             return
@@ -329,7 +330,7 @@ def _walk(root: str, take: _Take) -> list[InputFile]:
         for entry in entries:
             if entry.name.startswith("."):
                 continue
-            child = entry.name if path == "." else os.path.join(path, entry.name)
+            child = entry.name if path == "." else entry.path  # (os.path.join'd)
             try:
                 is_dir = entry.is_dir()  # follows links
                 is_file = not is_dir and entry.is_file()
@@ -349,6 +350,9 @@ def _walk(root: str, take: _Take) -> list[InputFile]:
 
     visit(root, {})
     return out
+
+
+_NAME = operator.attrgetter("name")
 
 
 def _takes(name: str, take: _Take) -> bool:

@@ -88,14 +88,22 @@ class BatchResult:
     stats: BatchStats
     ruleset_version: str = ""
     notes: list[str] = field(default_factory=list)
+    # the tables built so far, by per_diagnosis (the outcomes do not change)
+    _tables: dict[bool, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
 
     def table(self, per_diagnosis: bool = False) -> pd.DataFrame:
-        """One row per job (or per diagnosis): see :data:`COLUMNS`."""
-        return build_table(self.outcomes, per_diagnosis)
+        """One row per job (or per diagnosis): see :data:`COLUMNS` (a copy of it)."""
+        built = self._tables.get(per_diagnosis)
+        if built is None:
+            built = self._tables[per_diagnosis] = build_table(self.outcomes, per_diagnosis)
+        return built.copy()
 
     def summary(self) -> Summary:
         """Causes, hosts and rules over the jobs, and the jobs to look at first."""
-        return summarize(self.outcomes)
+        built = self._tables.get(False)
+        if built is None:
+            built = self._tables[False] = build_table(self.outcomes)
+        return summarize(self.outcomes, table=built)
 
     @property
     def read_any(self) -> bool:

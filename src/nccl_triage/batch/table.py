@@ -248,11 +248,16 @@ class Summary:
     with_dumps: int = 0  # jobs whose flight-recorder dumps were read with them
 
 
-def summarize(outcomes: Sequence[Outcome], top: int = 10) -> Summary:
-    """Count causes, hosts and rules over the failed jobs; order the jobs to look at first."""
+def summarize(
+    outcomes: Sequence[Outcome], top: int = 10, table: pd.DataFrame | None = None
+) -> Summary:
+    """Count causes, hosts and rules over the failed jobs; order the jobs to look at first.
+
+    ``table``: :func:`build_table` of the outcomes (one row per job), when already built.
+    """
     import pandas as pd
 
-    df = build_table(outcomes)
+    df = build_table(outcomes) if table is None else table
     failed = df[df["verdict"].notna() & (df["verdict"] != "clean")]
     counts = failed["cause"].fillna("unknown").value_counts()
     total = int(counts.sum())
