@@ -161,11 +161,13 @@ class Deduper:
 
 # A c10 or glog header's end: the text up to the first one is dropped
 _HEADER_END = re.compile(r"\d\d:\d\d:\d\d\.\d+\s+\S+:\d+\]\s*")
+# What every header's end holds, found fast (a literal first): most texts have none
+_HEADER_TAIL = re.compile(r":\d+\]")
 
 
 def _strip_header(text: str) -> str:
     """The text after its first c10/glog header, the text itself without one (one line)."""
-    if "]" not in text:
+    if "]" not in text or _HEADER_TAIL.search(text) is None:
         return text
     m = _HEADER_END.search(text)
     if m is None or "\n" in text[: m.start()]:  # ("^.*?" stops at a newline)
