@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import struct
 import subprocess
 import zlib
@@ -294,17 +295,19 @@ def test_unreadable_file_is_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     secret = tmp_path / "secret.log"
     secret.write_text(TIMEOUT.format(rank=1))
     secret.chmod(0)
-    if os.access(secret, os.R_OK):  # root reads anything: make open() refuse instead
+    if os.access(secret, os.R_OK):  # root reads anything: make opening it fail instead
         import builtins
 
-        real_open = builtins.open
+        def refusing(real: Any) -> Any:
+            def opening(file: Any, *args: Any, **kwargs: Any) -> Any:
+                if str(file) == str(secret):
+                    raise PermissionError(13, "Permission denied", str(file))
+                return real(file, *args, **kwargs)
 
-        def refusing(file: Any, *args: Any, **kwargs: Any) -> Any:
-            if str(file) == str(secret):
-                raise PermissionError(13, "Permission denied", str(file))
-            return real_open(file, *args, **kwargs)
+            return opening
 
-        monkeypatch.setattr(builtins, "open", refusing)
+        monkeypatch.setattr(builtins, "open", refusing(builtins.open))
+        monkeypatch.setattr(os, "open", refusing(os.open))
     result = invoke(["batch", str(tmp_path), "--db", str(tmp_path / "c.sqlite"), "-j", "1"], 1)
     assert f"{secret}: permission denied" in result.stderr
     assert "1 failed, 0 clean, 1 unreadable" in result.stdout
@@ -903,3 +906,24 @@ def test_a_file_is_hashed_and_held_when_small(tmp_path: Path) -> None:
     assert read_digest(str(path), 0) == (digest, None) and file_digest(str(path)) == digest
     with pytest.raises(OSError):
         read_digest(str(tmp_path / "missing.log"), 100)
+
+
+def test_a_workers_view_of_the_cache_finds_what_was_committed(tmp_path: Path) -> None:
+    """A worker's read-only view sees the results committed before it opened the cache; a
+    cache empty then is not asked at all, and one that cannot be opened finds nothing."""
+    from nccl_triage.batch.cache import ReadOnlyCache, ResultCache
+
+    path = tmp_path / "c.sqlite"
+    cache = ResultCache(path, "v")
+    cold = ReadOnlyCache(str(path), "v")
+    assert cold.db is None and cold.peek("k") is None
+    cache.put("k", json.dumps({"verdict": "clean"}))
+    cache.commit()
+    view = ReadOnlyCache(str(path), "v")
+    assert view.peek("k") == {"verdict": "clean"} and view.peek("other") is None
+    with pytest.raises(sqlite3.OperationalError):  # read only
+        assert view.db is not None
+        view.db.execute("DELETE FROM results")
+    view.close()
+    cache.close()
+    assert ReadOnlyCache(str(tmp_path / "missing.sqlite"), "v").peek("k") is None

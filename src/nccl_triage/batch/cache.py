@@ -50,15 +50,19 @@ def read_digest(path: str, hold: int) -> tuple[str, bytes | None]:
     Raises:
         OSError: the file cannot be read.
     """
-    with open(path, "rb", buffering=0) as fh:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
         h = hashlib.sha256()  # (hashlib.file_digest allocates 256 KiB a call: logs are small)
-        if hold > 0 and os.fstat(fh.fileno()).st_size <= hold:
-            data = fh.readall()  # (one read into a buffer of the file's size)
-            h.update(data)
-            return h.hexdigest(), data if len(data) <= hold else None  # (it grew meanwhile)
-        while chunk := fh.read(_HASH_CHUNK):
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1) if hold > 0 and size <= hold else b""  # (all, at once)
+        h.update(data)
+        whole = bool(data) or size == 0
+        while chunk := os.read(fd, _HASH_CHUNK):  # (a big file; or one that grew meanwhile)
             h.update(chunk)
-        return h.hexdigest(), None
+            whole = False
+        return h.hexdigest(), data if whole and hold > 0 else None
+    finally:
+        os.close(fd)
 
 
 def cacheable(result: JobResult) -> bool:
@@ -331,7 +335,8 @@ class ReadOnlyCache:
     """Results looked up, never written, in a cache that another process writes.
 
     A worker's view of the run's cache: it sees what the writer has committed. A cache that
-    cannot be opened or read finds nothing (the job is triaged).
+    held no result when it was opened is not asked (what the run itself adds is not looked
+    up), and one that cannot be opened or read finds nothing: the job is triaged.
     """
 
     def __init__(self, path: str, versions: str) -> None:
@@ -341,6 +346,8 @@ class ReadOnlyCache:
         with contextlib.suppress(sqlite3.Error, OSError, ValueError):
             uri = Path(path).resolve().as_uri() + "?mode=ro"
             self.db = sqlite3.connect(uri, uri=True, timeout=30)
+            if self.db.execute("SELECT 1 FROM results LIMIT 1").fetchone() is None:
+                self.close()  # (a cold cache: one query instead of one a job)
 
     def peek(self, key: str) -> JobResult | None:
         """The result under ``key``, if the cache holds one."""
