@@ -7,12 +7,14 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nccl_triage import pipeline
+from nccl_triage.model import Report
 from nccl_triage.pipeline import Triage
 from nccl_triage.render.report import report_json
 from nccl_triage.ruleset import load_ruleset
@@ -79,3 +81,62 @@ def test_a_generated_torchrun_log_gives_the_same_report() -> None:
     fast = report(data, every_segment=False)
     assert fast == report(data, every_segment=True)
     assert json.loads(fast)["verdict"] == "nccl_timeout"
+
+
+def held_back_report(data: bytes, defer: int, before: int, after: int, step: int) -> str:
+    """The reports with ``defer`` candidates held back from the long-range classifier (-1:
+    none) and windows of ``before`` and ``after`` lines: one every ``step`` bytes (as the live
+    analyser asks for them mid-stream; 0: none) and the final one, signal events included."""
+
+    def shown(got: Report) -> list[Any]:
+        signals = [e.to_dict() for e in got.signals]  # (the report's JSON shows few of them)
+        return [report_json(got, RULES.template_dirs), signals]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(pipeline, "DEFER_LINES", defer)
+        m.setattr(pipeline, "CONTEXT_BEFORE", before)
+        m.setattr(pipeline, "CONTEXT_AFTER", after)
+        triage = Triage(RULES, "<log>")
+        size = step or 4096
+        reports = []
+        for i in range(0, len(data), size):
+            triage.feed(data[i : i + size])
+            if step:
+                reports.append(shown(triage.report()))
+        triage.close()
+        reports.append(shown(triage.report()))
+        return json.dumps(reports, sort_keys=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=logs(),
+    defer=st.sampled_from([3, 1_000_000]),
+    before=st.sampled_from([2, 3000]),
+    after=st.sampled_from([1, 300]),
+    step=st.sampled_from([0, 97]),
+)
+def test_candidates_held_back_from_the_classifier_change_no_report(
+    data: bytes, defer: int, before: int, after: int, step: int
+) -> None:
+    """An input's candidate lines may wait for the long-range signal classifier (until more
+    than ``defer`` wait, a report is asked for, or the input ends) and be dropped when every
+    one of them lies in the windows read: the report is the one of classifying each at once,
+    whatever the windows (narrow: lines outside them between failures) and the reports asked
+    for on the way."""
+    expected = held_back_report(data, -1, before, after, step)
+    assert held_back_report(data, defer, before, after, step) == expected
+
+
+def test_a_small_log_read_whole_by_its_window_needs_no_long_range_classification() -> None:
+    """The saving itself: a log whose failure's window holds every line classifies none of
+    them twice; a log without a failure classifies them all."""
+    failing = b"\n".join([SEGMENTS[4]] * 20 + [SEGMENTS[11]]) + b"\n"
+    clean = b"\n".join([SEGMENTS[4]] * 20) + b"\n"
+    for data, classified in ((failing, False), (clean, True)):
+        triage = Triage(RULES, "<log>")
+        triage.feed(data)
+        triage.close()
+        inp = triage._input(None)
+        assert inp.deferred is None
+        assert bool(inp.signals.events) == classified

@@ -179,6 +179,10 @@ def _json_like(text: str) -> bool:
 # (bounded too by the scanner's history: a few MiB) and a few hundred after it.
 CONTEXT_BEFORE = 3000
 CONTEXT_AFTER = 300
+# Candidate lines held back from the long-range signal classifier at an input's start: an input
+# whose every candidate falls in the windows read needs none of its events (the windows' own
+# reading has them). More than a window's worth: classified, and every later line at once.
+DEFER_LINES = CONTEXT_BEFORE + CONTEXT_AFTER + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +255,9 @@ class _Input:
     shape_new: int = 0
     shape_pause: int = 0
     skipped: int = 0  # candidates past the budget that were not read
+    # candidate lines not yet given to ``signals`` (in line order, with their hits and what
+    # their shape's searches found); None once every line goes to it at once
+    deferred: list[tuple[Line, list[int], Searched | None]] | None = field(default_factory=list)
 
 
 class Triage:
@@ -283,6 +290,9 @@ class Triage:
         self._inputs: dict[str, _Input] = {}
         # by masked line (None: read each), shared by every triage of the same signals
         self._shapes = _shapes_of(self.ruleset)
+        # learns the searches of a new shape's first line while its classifier's lines wait
+        self._learner = SignalClassifier(self.ruleset.signals)
+        self._learnt = 0  # lines it learnt from
         self.flight_recorder: FlightRecorder | None = None
 
     def read_dumps(self, sources: Sequence[str]) -> FlightRecorder:
@@ -361,6 +371,14 @@ class Triage:
         """End of an input."""
         inp = self._input(source)
         self._take(inp, inp.scanner.close(), final=True)
+        if inp.deferred is not None:
+            ranges = inp.read
+            if all(any(lo <= ln.lineno < hi for lo, hi in ranges) for ln, _h, _k in inp.deferred):
+                # every candidate in the windows read, and no other line classified: the
+                # classifier's events would all be left out (the windows have them)
+                inp.deferred = None
+            else:
+                self._undefer(inp)
 
     def _take(self, inp: _Input, cands: list[Candidate], final: bool = False) -> int:
         budget = self.max_candidates
@@ -387,11 +405,41 @@ class Triage:
                 if len(read.lines) == read.count:  # all of it: the context windows reuse it
                     inp.peeled[cand.lineno] = (read.lines, read.hits, None)
                 for line, found in zip(read.lines, read.hits, strict=True):
-                    inp.signals.feed(line, found)
+                    self._signal(inp, line, found)
         if self.ruleset.signals:
             self._open_windows(inp)
             self._read_windows(inp, final)
         return len(cands)
+
+    def _signal(
+        self, inp: _Input, line: Line, hits: list[int], known: Searched | None = None
+    ) -> None:
+        """Give a candidate line to the input's signal classifier, or hold it back."""
+        deferred = inp.deferred
+        if deferred is None:
+            inp.signals.feed(line, hits, known=known)
+            return
+        deferred.append((line, hits, known))
+        if len(deferred) > DEFER_LINES:
+            self._undefer(inp)
+
+    def _learn(self, line: Line, hits: list[int], searched: Searched) -> None:
+        """Learn the searches of a new shape's first line (held back from its classifier).
+
+        What a classifier's searches find does not depend on the lines it has seen; the
+        learner's own events are of no use (and it is replaced before they pile up).
+        """
+        self._learnt += 1
+        if self._learnt > DEFER_LINES:
+            self._learner, self._learnt = SignalClassifier(self.ruleset.signals), 0
+        self._learner.feed(line, hits, learn=searched)
+
+    @staticmethod
+    def _undefer(inp: _Input) -> None:
+        """Give the lines held back to the signal classifier, and every line from now on."""
+        deferred, inp.deferred = inp.deferred, None
+        for line, hits, known in deferred or ():
+            inp.signals.feed(line, hits, known=known)
 
     def _by_shape(self, inp: _Input, cand: Candidate) -> bool:
         """Read a candidate line as the first line of its shape was.
@@ -435,7 +483,7 @@ class Triage:
                 return False
             if cand.grammar:
                 inp.parser.feed(cand, [line], anchored=part.searched.anchored)
-            inp.signals.feed(line, part.hits, known=part.searched)
+            self._signal(inp, line, part.hits, part.searched)
             if shape.count == 1:  # all of it: the context windows reuse it
                 inp.peeled[lineno] = ([line], shape.hits, shape.searched)
             return True
@@ -447,9 +495,8 @@ class Triage:
             if line_or_none is None:
                 return False
             lines.append(line_or_none)
-        signals = inp.signals
         for line, part in zip(lines, parts, strict=True):
-            signals.feed(line, part.hits, known=part.searched)
+            self._signal(inp, line, part.hits, part.searched)
         if len(lines) == shape.count:  # all of it: the context windows reuse it
             inp.peeled[lineno] = (lines, shape.hits, shape.searched)
         return True
@@ -479,7 +526,11 @@ class Triage:
         parts: list[_Part] | None = [] if read.spans is not None and one else None
         for i, line in enumerate(read.lines):
             searched = Searched()
-            signals.feed(line, read.hits[i], learn=searched)
+            if inp.deferred is None:
+                signals.feed(line, read.hits[i], learn=searched)
+            else:
+                self._learn(line, read.hits[i], searched)
+                self._signal(inp, line, read.hits[i], searched)
             if parts is None or read.spans is None:
                 continue
             text, message = line.text, line.message
@@ -684,6 +735,8 @@ class Triage:
         further back than its window. ``keep`` spares old events it returns True for (those
         near a failure already seen, whose diagnosis must not fade).
         """
+        for inp in self._inputs.values():
+            self._undefer(inp)
         return sum(i.signals.prune(before_line, keep) for i in self._inputs.values())
 
     # -- the report
@@ -705,6 +758,7 @@ class Triage:
         signals: list[Event] = []
         unparsed: list[Unparsed] = []
         for inp in inputs:
+            self._undefer(inp)  # (an input not closed yet: its lines so far, as they were)
             sigs = _signals_of(inp)
             signals.extend(_with_file_rank(sigs, inp) if len(inputs) > 1 else sigs)
             unparsed.extend(inp.parser.unparsed)
