@@ -415,12 +415,14 @@ def test_a_rerun_over_unchanged_files_reads_none(
     if not preload:
         monkeypatch.setattr(cache_mod, "PRELOAD_FILES", 0)
     read: list[str] = []
+    real_read = cache_mod.read_digest
 
     def reading(path: str, hold: int) -> tuple[str, bytes | None]:
         read.append(path)
-        return cache_mod.read_digest(path, hold)
+        return real_read(path, hold)
 
-    monkeypatch.setattr(batch_job, "read_digest", reading)
+    monkeypatch.setattr(batch_job, "read_digest", reading)  # (in the process that triages)
+    monkeypatch.setattr(cache_mod, "read_digest", reading)  # (in this one)
     again = b.run_batch([str(archive)], ruleset, opts)
     assert (again.stats.triaged, again.stats.cached, read) == (0, first.stats.jobs, [])
     touched = min(archive.rglob("*.log"))
@@ -480,7 +482,15 @@ def test_a_pool_with_a_cold_cache_hashes_in_its_workers(tmp_path: Path, ruleset:
     make_archive(tmp_path / "archive")
     opts = b.BatchOptions(workers=2, db=tmp_path / "c.sqlite")
     serial = b.run_batch([str(tmp_path / "archive")], ruleset, b.BatchOptions(workers=1))
-    cold = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
+    from nccl_triage.batch.cache import ResultCache
+
+    around: list[str] = []  # (no connection to the cache crosses the fork)
+    real_release, real_reopen = ResultCache.release, ResultCache.reopen
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ResultCache, "release", lambda c: around.append("release") or real_release(c))
+        m.setattr(ResultCache, "reopen", lambda c: around.append("reopen") or real_reopen(c))
+        cold = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
+    assert around == ["release", "reopen"]
     assert cold.stats.engine == "processes" and cold.stats.triaged == cold.stats.jobs
     pd.testing.assert_frame_equal(serial.table(), cold.table())
     warm = b.run_batch([str(tmp_path / "archive")], ruleset, opts)
@@ -927,3 +937,30 @@ def test_a_workers_view_of_the_cache_finds_what_was_committed(tmp_path: Path) ->
     view.close()
     cache.close()
     assert ReadOnlyCache(str(tmp_path / "missing.sqlite"), "v").peek("k") is None
+
+
+def test_a_new_job_that_cannot_be_read_is_a_row_not_a_triage(
+    tmp_path: Path, ruleset: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that cannot be read when the job is hashed: the job's row says why, it is not
+    counted as triaged and nothing is cached for it (it may be readable next time)."""
+    (tmp_path / "ok.log").write_text(TIMEOUT.format(rank=0))
+    gone = tmp_path / "gone.log"
+    gone.write_text(TIMEOUT.format(rank=1))
+    real_read = batch_job.read_digest
+
+    def refusing(path: str, hold: int) -> tuple[str, bytes | None]:
+        if path == str(gone):
+            raise PermissionError(13, "Permission denied", path)
+        return real_read(path, hold)
+
+    monkeypatch.setattr(batch_job, "read_digest", refusing)
+    opts = b.BatchOptions(db=tmp_path / "c.sqlite", workers=1)
+    result = b.run_batch([str(tmp_path)], ruleset, opts)
+    row = result.table().set_index("job").loc[str(gone)]
+    assert (result.stats.jobs, result.stats.triaged) == (2, 1)
+    assert row["verdict"] is None or pd.isna(row["verdict"])
+    assert row["error"] == f"{gone}: permission denied"
+    monkeypatch.undo()
+    again = b.run_batch([str(tmp_path)], ruleset, opts)
+    assert (again.stats.triaged, again.stats.cached) == (1, 1)

@@ -83,17 +83,33 @@ def test_a_generated_torchrun_log_gives_the_same_report() -> None:
     assert json.loads(fast)["verdict"] == "nccl_timeout"
 
 
-def held_back_report(data: bytes, defer: int, before: int, after: int, step: int) -> str:
-    """The reports with ``defer`` candidates held back from the long-range classifier (-1:
-    none) and windows of ``before`` and ``after`` lines: one every ``step`` bytes (as the live
-    analyser asks for them mid-stream; 0: none) and the final one, signal events included."""
+def held_back_report(data: bytes, defer: int | None, before: int, after: int, step: int) -> str:
+    """The reports with ``defer`` candidates held back from the long-range classifier (None:
+    none ever, every line classified at once) and windows of ``before`` and ``after`` lines:
+    one every ``step`` bytes (as the live analyser asks for them mid-stream; 0: none) and the
+    final one, signal events included. Each run learns its line shapes afresh."""
 
     def shown(got: Report) -> list[Any]:
         signals = [e.to_dict() for e in got.signals]  # (the report's JSON shows few of them)
         return [report_json(got, RULES.template_dirs), signals]
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(pipeline, "DEFER_LINES", defer)
+        shapes: dict[bytes, Any] = {}
+        m.setattr(pipeline, "_shapes_of", lambda _ruleset: shapes)
+        if defer is None:
+            real_open = Triage.open
+
+            def at_once(
+                self: Triage, source: str | None = None, rank_hint: int | None = None
+            ) -> None:
+                real_open(self, source, rank_hint)
+                for inp in self._inputs.values():
+                    if not inp.signals.events and inp.deferred == []:
+                        inp.deferred = None  # (before its first line)
+
+            m.setattr(Triage, "open", at_once)
+        else:
+            m.setattr(pipeline, "DEFER_LINES", defer)
         m.setattr(pipeline, "CONTEXT_BEFORE", before)
         m.setattr(pipeline, "CONTEXT_AFTER", after)
         triage = Triage(RULES, "<log>")
@@ -124,7 +140,7 @@ def test_candidates_held_back_from_the_classifier_change_no_report(
     one of them lies in the windows read: the report is the one of classifying each at once,
     whatever the windows (narrow: lines outside them between failures) and the reports asked
     for on the way."""
-    expected = held_back_report(data, -1, before, after, step)
+    expected = held_back_report(data, None, before, after, step)
     assert held_back_report(data, defer, before, after, step) == expected
 
 
@@ -137,6 +153,4 @@ def test_a_small_log_read_whole_by_its_window_needs_no_long_range_classification
         triage = Triage(RULES, "<log>")
         triage.feed(data)
         triage.close()
-        inp = triage._input(None)
-        assert inp.deferred is None
-        assert bool(inp.signals.events) == classified
+        assert bool(triage._input(None).signals.events) == classified

@@ -1,7 +1,9 @@
 """The result cache: job results in SQLite, keyed by content, ruleset and code versions.
 
 Input: jobs and their results. Output: results of unchanged jobs without triaging them again
-(a rerun over a growing archive only triages what is new or changed).
+(a rerun over a growing archive only triages what is new or changed). The run's process
+writes it (:class:`ResultCache`); worker processes read it (:class:`ReadOnlyCache`) to look
+up the jobs they hash themselves.
 """
 
 from __future__ import annotations
@@ -128,19 +130,49 @@ class ResultCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.versions = versions
-        self.db = sqlite3.connect(str(path), timeout=30)
+        self.db = self._connect()
         self._real_dirs: dict[str, str] = {}  # a directory -> its real path
         self._new_files: list[tuple[str, int, int, int, str]] = []  # written at commit
         self._looked: dict[str, tuple[str | None, FileKey]] = {}  # by knows(), for digest()
         # the files table, read at the first look (None: not yet; False: too big to read)
         self._files: dict[FileKey, str] | Literal[False] | None = None
+        self._expected = PRELOAD_FILES  # files the run will look at (:meth:`expect`)
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
             self._schema()
         except sqlite3.DatabaseError:
             self.db.close()
             raise
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def release(self) -> None:
+        """Write what was remembered and close the database until :meth:`reopen`.
+
+        Around a fork: a child must not inherit a connection (nor SQLite's record of this
+        process's locks on the file), or its own connection to the file may not really lock it.
+        """
+        self.commit()
+        self.db.close()
+
+    def reopen(self) -> None:
+        """Connect again after :meth:`release`."""
+        self.db = self._connect()
+
+    def expect(self, files: int) -> None:
+        """Say how many files the run will look at.
+
+        The remembered hashes are read in one query when there are at most four times as many
+        (and :data:`PRELOAD_FILES`); else one query a file.
+        """
+        self._expected = files
 
     def _schema(self) -> None:
         db = self.db
@@ -182,7 +214,7 @@ class ResultCache:
     def knows(self, files: Sequence[InputFile]) -> bool:
         """Whether every local file is remembered with its hash (none to work out).
 
-        What it finds is kept for :meth:`digest` and :meth:`learned`.
+        What it finds is kept for :meth:`digest` and :meth:`remember_hash`.
         """
         known = True
         for f in files:
@@ -229,11 +261,12 @@ class ResultCache:
         return (str(row[0]) if row is not None else None), where
 
     def _all_files(self) -> dict[FileKey, str] | Literal[False]:
-        """Every remembered file's hash in one query, or False: more than :data:`PRELOAD_FILES`."""
+        """Every remembered file's hash in one query, or False: too many (:meth:`expect`)."""
+        most = min(PRELOAD_FILES, 4 * self._expected)
         rows = self.db.execute(
-            "SELECT path, size, mtime_ns, ino, digest FROM files LIMIT ?", (PRELOAD_FILES + 1,)
+            "SELECT path, size, mtime_ns, ino, digest FROM files LIMIT ?", (most + 1,)
         ).fetchall()
-        if len(rows) > PRELOAD_FILES:
+        if len(rows) > most:
             return False
         return {(p, s, m, i): str(d) for p, s, m, i, d in rows}
 
@@ -290,7 +323,7 @@ class ResultCache:
         """Mark the result under ``key`` as used now (kept another :data:`CACHE_KEEP_DAYS`)."""
         self.db.execute("UPDATE results SET used = ? WHERE key = ?", (time.time(), key))
 
-    def learned(self, f: InputFile, digest: str) -> None:
+    def remember_hash(self, f: InputFile, digest: str) -> None:
         """Remember a hash worked out elsewhere (a worker) for a local file.
 
         A file found remembered, or that cannot be looked at now, is left as it is.
@@ -343,11 +376,13 @@ class ReadOnlyCache:
         self.path = path
         self.versions = versions
         self.db: sqlite3.Connection | None = None
-        with contextlib.suppress(sqlite3.Error, OSError, ValueError):
+        try:
             uri = Path(path).resolve().as_uri() + "?mode=ro"
             self.db = sqlite3.connect(uri, uri=True, timeout=30)
             if self.db.execute("SELECT 1 FROM results LIMIT 1").fetchone() is None:
                 self.close()  # (a cold cache: one query instead of one a job)
+        except (sqlite3.Error, OSError, ValueError):
+            self.close()
 
     def peek(self, key: str) -> JobResult | None:
         """The result under ``key``, if the cache holds one."""
@@ -355,11 +390,9 @@ class ReadOnlyCache:
             return None
         try:
             row = self.db.execute("SELECT result FROM results WHERE key = ?", (key,)).fetchone()
-        except sqlite3.Error:
+            result: JobResult | None = json.loads(row[0]) if row is not None else None
+        except (sqlite3.Error, ValueError):  # (a damaged row: triaged again)
             return None
-        if row is None:
-            return None
-        result: JobResult = json.loads(row[0])
         return result
 
     def close(self) -> None:

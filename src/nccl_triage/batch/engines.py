@@ -9,6 +9,7 @@ read them and look their results up in the cache themselves (read only).
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,7 @@ T = TypeVar("T")
 Task = tuple[Job, bool]  # a job, and whether it is new to the cache (hashed and looked up)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CacheView:
     """Where a worker looks results up: the run's cache, read only."""
 
@@ -116,15 +117,11 @@ def _safe_triage(job: Job, ruleset: Ruleset, lookup: Lookup | None = None) -> Jo
         }
 
 
-def _chunks(items: list[T], job: Callable[[T], Job], workers: int, most: int) -> list[list[T]]:
+def _chunks(items: list[T], job_of: Callable[[T], Job], workers: int, most: int) -> list[list[T]]:
     # Large jobs first so that no worker is left with a big one at the end.
-    ordered = sorted(items, key=lambda t: -sum(f.size or 0 for f in job(t).files))
+    ordered = sorted(items, key=lambda t: -sum(f.size or 0 for f in job_of(t).files))
     size = max(1, min(most, len(ordered) // (workers * 8) or 1))
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
-
-
-def _task_job(task: Task) -> Job:
-    return task[0]
 
 
 def _same(job: Job) -> Job:
@@ -158,14 +155,15 @@ def run_processes(
     progress: Progress | None = None,
     new: Sequence[Job] = (),
     cache: CacheView | None = None,
+    forking: Callable[[], None] | None = None,
     forked: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Job, JobResult]]:
     """Triage jobs in a pool of ``workers`` processes, yielding results as they come.
 
     Jobs are handed out largest first. ``new``: jobs new to the cache, which the workers hash
     as they read them and look up in ``cache`` first
-    (:func:`~nccl_triage.batch.job.triage_new_job`). ``forked`` is called once no more
-    worker processes will be forked from this one.
+    (:func:`~nccl_triage.batch.job.triage_new_job`). ``forking`` is called just before the
+    worker processes start, ``forked`` once no more will be forked from this one.
     """
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -173,7 +171,7 @@ def run_processes(
 
     tasks: list[Task] = [(j, False) for j in jobs] + [(j, True) for j in new]
     total = len(tasks)
-    chunks = iter(_chunks(tasks, _task_job, workers, 32))
+    chunks = iter(_chunks(tasks, operator.itemgetter(0), workers, 32))
     context = multiprocessing.get_context(_start_method())
     if context.get_start_method() == "fork":
         from nccl_triage.parse.grammar import parser
@@ -201,9 +199,15 @@ def run_processes(
                         broken = f"a worker process died ({exc or 'killed'})"
                 failed.append(chunk)
 
-        hand_out(ahead)  # (with fork, every worker starts at the first job handed out)
-        if forked is not None:
-            forked()
+        if forking is not None:
+            forking()
+        try:
+            # (CPython's pool starts every worker at the first job handed out when it forks,
+            # and never another: concurrent.futures.process, _launch_processes)
+            hand_out(ahead)
+        finally:
+            if forked is not None:
+                forked()
         while pending or failed:
             finished = wait(pending, return_when=FIRST_COMPLETED)[0] if pending else set()
             out: list[tuple[list[Task], list[JobResult]]] = []

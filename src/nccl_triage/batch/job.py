@@ -1,8 +1,9 @@
 """One job through the pipeline: its files read into one triage, the result as plain data.
 
-Input: a :class:`~nccl_triage.batch.inputs.Job` and a ruleset. Output: a :data:`JobResult`
-(JSON-able: verdict, diagnoses with evidence, facts, errors), what workers return and the
-cache keeps.
+Input: a :class:`~nccl_triage.batch.inputs.Job` and a ruleset, and for a job new to the cache
+where to look results up (a :class:`Lookup`). Output: a :data:`JobResult` (JSON-able: verdict,
+diagnoses with evidence, facts, errors), what workers return and the cache keeps; for a new
+job also what was worked out for the cache (:class:`CacheInfo`, under ``"_cache"``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypedDict
 
 from nccl_triage.batch.cache import cacheable, job_key, read_digest, stored, url_digest
 from nccl_triage.batch.inputs import (
@@ -36,6 +37,17 @@ from nccl_triage.ruleset import Ruleset
 HOLD_BYTES = 64 << 20  # a new job's bytes kept from hashing to triage (beyond: read twice)
 
 
+class CacheInfo(TypedDict):
+    """What a worker worked out for the cache about a new job (``result["_cache"]``)."""
+
+    files: list[tuple[int, str]]  # (index in job.files, hash) of each local file hashed
+    dumps: list[tuple[int, str]]  # the same for its flight-recorder dumps
+    key: str | None  # the job's cache key; None when a file could not be read
+    hit: bool  # the result came from the cache
+    unreadable: bool  # no file could be read: not triaged
+    stored: str | None  # the result as the cache stores it (:func:`stored`), when it may
+
+
 class Lookup(Protocol):
     """Where the results of earlier runs are looked up: a cache, or a worker's view of it."""
 
@@ -50,14 +62,12 @@ def triage_new_job(job: Job, ruleset: Ruleset, lookup: Lookup) -> JobResult:
     """Hash a job the cache does not know, look its result up, and triage it when not found.
 
     The bytes hashed are the bytes triaged (read once, up to :data:`HOLD_BYTES`). The result
-    says what was worked out under ``"_cache"``: the hashes of the job's local files and
-    dumps (``[index, hash]``), its key (None when a file could not be read), whether the
-    result came from the cache, and the result as the cache stores it (when it may). A file that cannot be read is an error of the job, as in
-    :func:`triage_job_files`.
+    holds what was worked out for the cache under ``"_cache"`` (:class:`CacheInfo`). A file
+    that cannot be read is an error of the job, as in :func:`triage_job_files`.
     """
     files: list[InputFile] = []
     digests: list[str] = []
-    hashed: list[list[Any]] = []
+    hashed: list[tuple[int, str]] = []
     held: dict[str, bytes] = {}
     room = HOLD_BYTES
     for i, f in enumerate(job.files):
@@ -72,12 +82,12 @@ def triage_new_job(job: Job, ruleset: Ruleset, lookup: Lookup) -> JobResult:
         files.append(f)
         digests.append(digest)
         if not f.is_url:
-            hashed.append([i, digest])
+            hashed.append((i, digest))
         if data is not None:
             held[f.path] = data
             room -= len(data)
     dumps: list[tuple[str, str]] = []  # (hash, name): a dump's rank may come from its name
-    dump_hashes: list[list[Any]] = []
+    dump_hashes: list[tuple[int, str]] = []
     for i, d in enumerate(job.dumps):
         try:
             digest = "error" if d.error else _digest(d, 0)[0]
@@ -85,15 +95,18 @@ def triage_new_job(job: Job, ruleset: Ruleset, lookup: Lookup) -> JobResult:
             digest = "error"
         dumps.append((digest, d.name))
         if digest != "error" and not d.is_url:
-            dump_hashes.append([i, digest])
+            dump_hashes.append((i, digest))
     job = replace(job, files=tuple(files))
     key = job_key(lookup.versions, job, digests, dumps) if len(digests) == len(files) else None
-    info: dict[str, Any] = {"files": hashed, "dumps": dump_hashes, "key": key, "hit": False}
+    info = CacheInfo(
+        files=hashed, dumps=dump_hashes, key=key, hit=False, unreadable=False, stored=None
+    )
     found = lookup.peek(key) if key is not None else None
     if found is not None:
         info["hit"] = True
         result = found
     elif all(f.error for f in files):
+        info["unreadable"] = True
         result = unreadable_result(job)
     else:
         result = triage_job_files(job, ruleset, held)

@@ -33,7 +33,7 @@ from nccl_triage.batch.inputs import (
     discover,
     group_jobs,
 )
-from nccl_triage.batch.job import unreadable_result
+from nccl_triage.batch.job import CacheInfo, unreadable_result
 from nccl_triage.batch.table import Summary, build_table, preload, summarize
 
 # ----------------------------------------------------------------------------- batch run
@@ -89,7 +89,9 @@ class BatchResult:
     ruleset_version: str = ""
     notes: list[str] = field(default_factory=list)
     # the tables built so far, by per_diagnosis (the outcomes do not change)
-    _tables: dict[bool, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
+    _tables: dict[bool, pd.DataFrame] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def table(self, per_diagnosis: bool = False) -> pd.DataFrame:
         """One row per job (or per diagnosis): see :data:`COLUMNS` (a copy of it)."""
@@ -182,31 +184,33 @@ def run_batch(
     # (it looks their results up itself: a copy of a file seen before is found).
     todo: list[Job] = []
     new: list[Job] = []
+    if cache is not None:
+        cache.expect(sum(len(job.files) for job in jobs))
     for job in jobs:
-        if cache is not None and not cache.knows(job.files):
-            if all(f.error for f in job.files):
-                outcomes[job.name] = Outcome(job, unreadable_result(job))
-            else:
-                new.append(job)
+        if cache is not None and not cache.knows(job.files):  # (a file to read: no error)
+            new.append(job)
         elif (ready := looked_up(job)) is not None:
             todo.append(ready)
     workers = opts.workers or os.cpu_count() or 1
     try:
         found = _engine(todo, new, looked_up, ruleset, opts, workers, stats, progress, cache)
         for job, result in found:
-            info = result.pop("_cache", None)
+            info: CacheInfo | None = result.pop("_cache", None)
             key = keys.get(job.name)
             if info is not None and cache is not None:
-                key = _learned(cache, job, info)
+                key = _remember_hashes(cache, job, info)
                 if info["hit"] and key is not None:
                     cache.touch(key)
                     outcomes[job.name] = Outcome(job, _renamed(result, job), cached=True)
                     stats.cached += 1
                     continue
+                if info["unreadable"]:  # (as looked_up finds it: not triaged)
+                    outcomes[job.name] = Outcome(job, result)
+                    continue
             outcomes[job.name] = Outcome(job, result)
             stats.triaged += 1
             if cache is not None and key is not None and cacheable(result):
-                text = info.get("stored") if info is not None else None
+                text = info["stored"] if info is not None else None
                 cache.put(key, text if text is not None else stored(result, job))
                 if stats.triaged % 500 == 0:
                     cache.commit()
@@ -245,14 +249,13 @@ def _hashed(job: Job, cache: ResultCache, keys: dict[str, str]) -> Job:
     return job
 
 
-def _learned(cache: ResultCache, job: Job, info: dict[str, Any]) -> str | None:
+def _remember_hashes(cache: ResultCache, job: Job, info: CacheInfo) -> str | None:
     """Remember the hashes a worker worked out for a job's files; return the job's key."""
     for i, digest in info["files"]:
-        cache.learned(job.files[i], digest)
+        cache.remember_hash(job.files[i], digest)
     for i, digest in info["dumps"]:
-        cache.learned(job.dumps[i], digest)
-    key = info["key"]
-    return str(key) if key is not None else None
+        cache.remember_hash(job.dumps[i], digest)
+    return info["key"]
 
 
 def _renamed(result: JobResult, job: Job) -> JobResult:
@@ -306,4 +309,16 @@ def _engine(
         return run_serial(todo, ruleset, progress, new, cache)
     stats.engine, stats.workers = "processes", min(workers, max(1, count))
     view = CacheView(str(cache.path), cache.versions) if cache is not None and new else None
-    return run_processes(todo, ruleset, stats.workers, progress, new, view, forked=preload)
+
+    def forking() -> None:
+        if cache is not None:
+            cache.release()  # (no connection across the fork)
+
+    def forked() -> None:
+        if cache is not None:
+            cache.reopen()
+        preload()
+
+    return run_processes(
+        todo, ruleset, stats.workers, progress, new, view, forking=forking, forked=forked
+    )
