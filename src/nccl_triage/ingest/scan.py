@@ -304,11 +304,10 @@ class History:
             if a >= b:
                 continue
             pos = self._offset(r, a - r.first)
-            for n in range(a, b):
-                nl = r.buf.find(b"\n", pos, r.end)
-                nl = r.end if nl < 0 else nl
-                out.append((n, _clip(r.buf, pos, nl)))
-                pos = nl + 1
+            # (one split for the lines, the rest of the region after them in one piece)
+            raws = r.buf[pos : r.end].split(b"\n", b - a)
+            for n, raw in zip(range(a, b), raws, strict=False):
+                out.append((n, raw if len(raw) <= MAX_LINE else raw[:MAX_LINE]))
         return out
 
     @staticmethod
