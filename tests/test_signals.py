@@ -3,7 +3,7 @@ however often they are read or pruned on the way."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,6 +68,26 @@ def test_pruning_builds_the_runs_first(steps: list[tuple[int, int, int, int]], c
 def every_nth_line(n: int) -> Callable[[Event], bool]:
     """What a pruning spares in these tests: the events on every ``n``-th line."""
     return lambda e: e.line % n == 0
+
+
+Step = tuple[int, int, int, int]  # lines ahead (a gap), which line, its second, its rank
+
+
+def fed_alike(
+    classifiers: tuple[SignalClassifier, ...],
+    steps: list[Step],
+    cuts: list[tuple[int, int]],
+    n: int,
+) -> Iterator[tuple[int, int]]:
+    """Feed every classifier the lines of ``steps`` from line ``n`` on; at each cut (after the
+    step it names), yield the line reached and the cut's offset."""
+    at = dict(cuts)
+    for i, (gap, choice, second, rank) in enumerate(steps):
+        n += gap
+        for classifier in classifiers:
+            classifier.feed(line(n, choice, second, rank))
+        if i in at:
+            yield n, at[i]
 
 
 def test_a_run_counts_its_lines_and_times() -> None:
@@ -168,7 +188,7 @@ def test_the_direct_search_finds_what_the_wrapper_finds(text: str, which: int) -
     kept=st.integers(1, 4),
 )
 def test_pruning_forgets_exactly_what_ended_before_the_line(
-    steps: list[tuple[int, int, int, int]], cuts: list[tuple[int, int]], kept: int
+    steps: list[Step], cuts: list[tuple[int, int]], kept: int
 ) -> None:
     """Pruned now and then (behind the runs that may still grow, as live triage does), the
     events are those never pruned, less those that had ended at a cut and were not kept;
@@ -180,17 +200,12 @@ def test_pruning_forgets_exactly_what_ended_before_the_line(
     def last(e: Event) -> int:
         return int(e.detail.get("last_line") or e.line)
 
-    n, done = 0, []
-    at = dict(cuts)
-    for i, (gap, choice, second, rank) in enumerate(steps):
-        n += gap
-        pruned.feed(line(n, choice, second, rank))
-        whole.feed(line(n, choice, second, rank))
-        if i in at:
-            cut = n - at[i]
-            gone = [e for e in pruned.events if last(e) < cut and not keep(e)]
-            assert pruned.prune(cut, keep) == len(gone)
-            done.append(cut)
+    done = []
+    for n, back in fed_alike((pruned, whole), steps, cuts, 0):
+        cut = n - back
+        gone = [e for e in pruned.events if last(e) < cut and not keep(e)]
+        assert pruned.prune(cut, keep) == len(gone)
+        done.append(cut)
     assert pruned.events == [
         e for e in whole.events if not any(last(e) < cut and not keep(e) for cut in done)
     ]
@@ -206,7 +221,7 @@ def test_pruning_forgets_exactly_what_ended_before_the_line(
     kept=st.integers(1, 4),
 )
 def test_pruning_looks_at_what_started_before_the_line_as_at_every_event(
-    steps: list[tuple[int, int, int, int]], cuts: list[tuple[int, int]], kept: int
+    steps: list[Step], cuts: list[tuple[int, int]], kept: int
 ) -> None:
     """Pruning what started before the line (events in order) forgets what pruning every
     event forgets, keeps the same runs open, and grows them alike afterwards; lines going
@@ -215,14 +230,8 @@ def test_pruning_looks_at_what_started_before_the_line_as_at_every_event(
     every._in_order = False  # the reference: every event looked at
 
     keep = every_nth_line(kept)
-    n = 100
-    at = dict(cuts)
-    for i, (gap, choice, second, rank) in enumerate(steps):
-        n += gap
-        fast.feed(line(n, choice, second, rank))
-        every.feed(line(n, choice, second, rank))
-        if i in at:
-            before = n + at[i]
-            assert fast.prune(before, keep) == every.prune(before, keep)
-            assert fast.events == every.events
+    for n, ahead in fed_alike((fast, every), steps, cuts, 100):
+        before = n + ahead
+        assert fast.prune(before, keep) == every.prune(before, keep)
+        assert fast.events == every.events
     assert fast.events == every.events
