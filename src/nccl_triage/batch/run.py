@@ -95,17 +95,17 @@ class BatchResult:
 
     def table(self, per_diagnosis: bool = False) -> pd.DataFrame:
         """One row per job (or per diagnosis): see :data:`COLUMNS` (a copy of it)."""
-        built = self._tables.get(per_diagnosis)
-        if built is None:
-            built = self._tables[per_diagnosis] = build_table(self.outcomes, per_diagnosis)
-        return built.copy()
+        return self._built(per_diagnosis).copy()
 
     def summary(self) -> Summary:
         """Causes, hosts and rules over the jobs, and the jobs to look at first."""
-        built = self._tables.get(False)
+        return summarize(self.outcomes, table=self._built(False))
+
+    def _built(self, per_diagnosis: bool) -> pd.DataFrame:
+        built = self._tables.get(per_diagnosis)
         if built is None:
-            built = self._tables[False] = build_table(self.outcomes)
-        return summarize(self.outcomes, table=built)
+            built = self._tables[per_diagnosis] = build_table(self.outcomes, per_diagnosis)
+        return built
 
     @property
     def read_any(self) -> bool:
@@ -204,10 +204,9 @@ def run_batch(
                     outcomes[job.name] = Outcome(job, _renamed(result, job), cached=True)
                     stats.cached += 1
                     continue
-                if info["unreadable"]:  # (as looked_up finds it: not triaged)
-                    outcomes[job.name] = Outcome(job, result)
-                    continue
             outcomes[job.name] = Outcome(job, result)
+            if info is not None and info["unreadable"]:
+                continue  # (as looked_up finds it: not triaged)
             stats.triaged += 1
             if cache is not None and key is not None and cacheable(result):
                 text = info["stored"] if info is not None else None
