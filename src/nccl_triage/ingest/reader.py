@@ -8,10 +8,7 @@ objects whose ``lineno`` is the 1-based physical line of the decompressed input.
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
-import lzma
 import os
 import re
 import sys
@@ -158,11 +155,18 @@ def _wrap_compressed(fh: io.BufferedReader, name: str, close_inner: bool) -> Rea
 
 
 def _decompressor(kind: str, fh: IO[bytes]) -> IO[bytes]:
+    # each codec imported when an input needs it (plain logs, the common case, need none)
     if kind == "gzip":
+        import gzip
+
         return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
     if kind == "bz2":
+        import bz2
+
         return bz2.BZ2File(fh, mode="rb")
     if kind == "xz":
+        import lzma
+
         return lzma.LZMAFile(fh, mode="rb")
     return io.BufferedReader(_ZstdFrames(fh))
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +29,19 @@ from nccl_triage.parse.fields_libs import LibraryFields
 from nccl_triage.parse.fields_torch import TorchFields
 
 TABLES = "nccl_tables.json"
+_HERE = Path(__file__).parent  # (the package's files: importlib.resources costs a start 4 ms)
 
 
 @cache
 def parser() -> Lark:
     """Return the grammar's LALR parser (loaded or built once per process)."""
     text = _grammar_text()
-    loaded = _load_tables(resources.files("nccl_triage.parse").joinpath(TABLES), stamp(text))
+    loaded = _load_tables(_HERE / TABLES, stamp(text))
     return loaded if loaded is not None else _build(text)
 
 
 def _grammar_text() -> str:
-    return resources.files("nccl_triage.parse").joinpath("nccl.lark").read_text("utf-8")
+    return (_HERE / "nccl.lark").read_text("utf-8")
 
 
 def _build(text: str) -> Lark:

@@ -34,6 +34,8 @@ from jinja2.exceptions import SecurityError
 from jinja2.filters import FILTERS
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from nccl_triage.render.compiled import TemplateCodeCache
+
 MAX_ITERATIONS = 100_000
 MAX_VALUE_SIZE = 1_000_000
 MAX_OUTPUT = 64 * 1024
@@ -292,6 +294,7 @@ def environment(
         lstrip_blocks=True,
         keep_trailing_newline=False,
         auto_reload=False,  # a template is read once per process, not checked at every use
+        bytecode_cache=TemplateCodeCache(Path(__file__)),  # compiled once per source
     )
     env.filters.update({name: _guarded_filter(name, f) for name, f in filters})
     return env
