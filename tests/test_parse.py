@@ -586,6 +586,7 @@ def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(messages, "parse_tree", lambda text: calls.append(text) or real(text))
     messages._parse_once.cache_clear()
     messages._shapes.clear()
+    messages._seen.clear()
     line = (
         "[rank0]:[E1121 10:11:12.123456789 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught "
         "collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=4194304, "
@@ -643,6 +644,8 @@ def test_nccl_info_lines_with_hex_ids_are_read_by_shape() -> None:
     """An Init COMPLETE line (hex communicator ids) is parsed once per shape, not per line."""
     from nccl_triage.parse import messages
 
+    messages._seen.clear()
+
     line = (
         "gpu-node-003:4007:4097 [1] NCCL INFO comm 0x55d1c0a2b0 rank 1 nranks 4 cudaDev 1 "
         "nvmlDev 1 busId 18000 commId 0x9a3c41e7 - Init COMPLETE"
@@ -653,6 +656,26 @@ def test_nccl_info_lines_with_hex_ids_are_read_by_shape() -> None:
     other = line.replace("0x55d1c0a2b0", "0x7f3a00c1d2e8").replace("rank 1 ", "rank 3 ")
     assert parse_message(other) == messages._parse(other, None)
     assert parse_message(other)["nccl_rank"] == 3
+
+
+def test_a_message_seen_word_for_word_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fields of a message seen before are a copy of the first ones: neither its shape nor
+    the grammar is asked again, and a caller changing its fields changes no later result."""
+    from nccl_triage.parse import messages
+
+    monkeypatch.setattr(messages, "_seen", {})  # (this test's own: it fills it with fakes)
+    line = "gpu-node-003:4000:4000 [0] NCCL INFO NCCL version 2.21.5+cuda12.4"
+    first = parse_message(line)
+    assert first is not None and first == messages._parse(line, None)
+    first["nccl_version"] = "changed"
+    calls = []
+    monkeypatch.setattr(messages, "_by_shape", lambda m: calls.append(m))
+    again = parse_message(line)
+    assert calls == [] and again == messages._parse(line, None)
+    assert again is not parse_message(line)  # (a copy each time)
+    monkeypatch.setattr(messages, "_MAX_SEEN", 1)  # full: forgotten, then read again
+    parse_message(line + " ")
+    assert parse_message(line) is None and calls == [line + " ", line]
 
 
 def _reference_lines() -> list[str]:
@@ -1003,6 +1026,7 @@ def test_a_field_looked_up_from_a_number_is_not_read_by_shape(learnt: int, other
 
     text = "RuntimeError: NCCL Error {}: unhandled system error (run with NCCL_DEBUG=INFO)"
     messages._shapes.clear()  # (each case learns its shape from its own code)
+    messages._seen.clear()
     messages._parse_once.cache_clear()
     parse_message(text.format(learnt))
     message = text.format(other)
