@@ -553,27 +553,56 @@ def test_a_bracketed_number_in_a_report_is_not_an_nccl_origin() -> None:
 
 
 def test_the_shipped_parser_tables_are_those_of_the_grammar() -> None:
-    """``python -m nccl_triage.parse.grammar`` rewrites them after a grammar change."""
-    import json
-    from importlib import resources
+    """``python -m nccl_triage.parse.grammar`` rewrites them after a grammar change; the parser
+    they give reads every message as the parser built from the grammar does."""
+    import marshal
+
+    from lark.exceptions import LarkError
 
     from nccl_triage.parse import grammar
 
-    blob = json.loads(resources.files("nccl_triage.parse").joinpath(grammar.TABLES).read_text())
+    shipped = grammar._HERE / grammar.TABLES
+    blob = marshal.loads(shipped.read_bytes())
     assert blob["stamp"] == grammar.stamp(grammar._grammar_text())
-    assert grammar._load_tables(
-        resources.files("nccl_triage.parse").joinpath(grammar.TABLES), blob["stamp"]
-    )
+    grammar._plain(blob)  # nothing but plain data
+    loaded = grammar._load_tables(shipped, blob["stamp"])
+    built = grammar._build(grammar._grammar_text())
+    assert loaded is not None
+
+    def tree(p: Any, text: str) -> object:
+        try:
+            return p.parse(text)
+        except LarkError as exc:
+            return type(exc).__name__
+
+    texts = [*_reference_messages(), "not a message", "NCCL WARN", ""]
+    assert [tree(loaded, t) for t in texts] == [tree(built, t) for t in texts]
 
 
-def test_tables_for_another_grammar_are_not_used(tmp_path: Any) -> None:
+@pytest.mark.parametrize(
+    "damage", [b"", b"\x00\x01", b"not marshal at all", "truncated", "a list", "code"]
+)
+def test_tables_for_another_grammar_or_damaged_are_not_used(tmp_path: Any, damage: Any) -> None:
+    import marshal
+
     from nccl_triage.parse import grammar
 
-    path = tmp_path / "t.json"
+    path = tmp_path / "t.marshal"
     grammar.write_tables(path)
+    want = grammar.stamp(grammar._grammar_text())
     assert grammar._load_tables(path, "another stamp") is None
-    path.write_text("{not json", encoding="utf-8")
-    assert grammar._load_tables(path, grammar.stamp(grammar._grammar_text())) is None
+    good = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif damage == "a list":
+        path.write_bytes(marshal.dumps([want]))
+    elif damage == "code":  # a code object where the tables should be: not run, not used
+        path.write_bytes(marshal.dumps({"stamp": want, "data": compile("1", "x", "eval")}))
+    else:
+        path.write_bytes(damage)
+    assert grammar._load_tables(path, want) is None
+    with pytest.raises(TypeError):
+        grammar._plain({"a": [1, (2, {3: object()})]})
 
 
 def test_identical_lines_are_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,8 @@ RUN_GAP_LINES = 50  # the same signal again within this many lines extends the s
 
 @dataclass(frozen=True, slots=True)
 class _Compiled:
+    """One pattern of a signal, compiled."""
+
     signal_id: str
     name: str
     regex: BytesSearcher  # over the UTF-8 bytes of the text

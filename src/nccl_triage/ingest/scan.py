@@ -247,6 +247,8 @@ def _cut(line: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class _Region:
+    """Complete lines of the history, as they lie in one chunk's buffer."""
+
     first: int  # number of the region's first line
     count: int  # how many lines it holds (each ends with a newline in buf)
     buf: bytes

@@ -4,16 +4,17 @@ Input: one message (prefixes peeled, terminal damage undone). Output: a flat dic
 fields (``kind`` included), or None when the text is not a message the grammar knows.
 
 Only this package imports lark. The parser is built once per process (LALR, contextual lexer);
-its tables ship with the package as plain JSON (``nccl_tables.json``, written by
-``python -m nccl_triage.parse.grammar``), so a process loads them in a few hundredths of a
-second instead of building them. Tables written for another grammar text or another Lark
-version are ignored, and the parser is built as before.
+its tables ship with the package as plain data (dictionaries, lists, tuples, text, numbers) in
+``marshal``'s format (``nccl_tables.marshal``, written by ``python -m nccl_triage.parse.grammar``),
+so a process loads them in two hundredths of a second instead of building them (JSON took
+5 ms more to decode). Tables written for another grammar text or another Lark version, or that
+do not decode, are ignored, and the parser is built as before.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from nccl_triage.parse.fields_common import Fields, NotAMessage
 from nccl_triage.parse.fields_libs import LibraryFields
 from nccl_triage.parse.fields_torch import TorchFields
 
-TABLES = "nccl_tables.json"
+TABLES = "nccl_tables.marshal"
 _HERE = Path(__file__).parent  # (the package's files: importlib.resources costs a start 4 ms)
 
 
@@ -54,11 +55,10 @@ def stamp(text: str) -> str:
     return f"{digest} lark {lark.__version__}"
 
 
-def _load_tables(path: Any, want: str) -> Lark | None:
+def _load_tables(path: Path, want: str) -> Lark | None:
     try:
-        # pair lists become dictionaries as the JSON is decoded (no second walk over it)
-        blob = json.loads(path.read_text("utf-8"), object_hook=_from_pairs)
-    except (OSError, ValueError):
+        blob = marshal.loads(path.read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):
         return None
     if not isinstance(blob, dict) or blob.get("stamp") != want:
         return None
@@ -71,36 +71,25 @@ def _load_tables(path: Any, want: str) -> Lark | None:
 
 
 def write_tables(path: Path) -> None:
-    """Write the parser's tables as JSON (dictionaries with non-text keys as pair lists)."""
+    """Write the parser's tables: plain data only, in ``marshal``'s format."""
     text = _grammar_text()
     data, memo = _build(text).memo_serialize([TerminalDef, Rule])
-    blob = {"stamp": stamp(text), "data": _encode(data), "memo": _encode(memo)}
-    path.write_text(json.dumps(blob, separators=(",", ":"), sort_keys=True) + "\n", "utf-8")
+    blob = {"stamp": stamp(text), "data": _plain(data), "memo": _plain(memo)}
+    path.write_bytes(marshal.dumps(blob, 4))
 
 
-def _encode(value: Any) -> Any:
-    """Plain data as JSON keeps it: a dict whose keys are not all text becomes pairs."""
+def _plain(value: Any) -> Any:
+    """``value`` itself, checked to hold nothing but plain data (else TypeError)."""
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and "__pairs__" not in value:
-            return {k: _encode(v) for k, v in value.items()}
-        return {"__pairs__": [[_encode(k), _encode(v)] for k, v in value.items()]}
-    if isinstance(value, list | tuple):
-        return [_encode(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    raise TypeError(f"not plain data: {type(value).__name__}")
-
-
-def _from_pairs(obj: dict[str, Any]) -> Any:
-    """A JSON object as :func:`_encode` wrote it: a dictionary, its pair lists undone."""
-    pairs = obj.get("__pairs__")
-    if pairs is None or len(obj) != 1:
-        return obj
-    return {_key(k): v for k, v in pairs}
-
-
-def _key(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+        for k, v in value.items():
+            _plain(k)
+            _plain(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _plain(v)
+    elif not (value is None or isinstance(value, str | int | float | bool)):
+        raise TypeError(f"not plain data: {type(value).__name__}")
+    return value
 
 
 class ToFields(TorchFields, LibraryFields):
