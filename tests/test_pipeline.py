@@ -154,3 +154,17 @@ def test_a_small_log_read_whole_by_its_window_needs_no_long_range_classification
         triage.feed(data)
         triage.close()
         assert bool(triage._input(None).signals.events) == classified
+
+
+@given(
+    linenos=st.lists(st.integers(0, 60), max_size=30),
+    cuts=st.lists(st.integers(0, 70), max_size=8, unique=True),
+)
+def test_lines_within_the_windows_read(linenos: list[int], cuts: list[int]) -> None:
+    """Whether held-back lines all lie in the windows read, as a line-by-line search says."""
+    from nccl_triage.pipeline import _all_within
+
+    edges = sorted(cuts)
+    ranges = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2)]  # sorted, disjoint
+    naive = all(any(lo <= n < hi for lo, hi in ranges) for n in linenos)
+    assert _all_within(linenos, ranges) == naive

@@ -473,3 +473,46 @@ def test_history_holds_the_latest_lines_exactly(data: st.DataObject) -> None:
         assert held == scanner.history.lines(first, len(lines) + 1)
         mid = (first + len(lines)) // 2
         assert scanner.history.lines(mid, mid + 2) == [x for x in held if mid <= x[0] < mid + 2]
+
+
+@given(
+    lines=st.lists(st.binary(max_size=8).map(lambda b: b.replace(b"\n", b"")), min_size=1),
+    newline_at_end=st.booleans(),
+    data=st.data(),
+)
+def test_a_dense_range_split_at_its_newlines_gives_the_lines_searched_one_by_one(
+    lines: list[bytes], newline_at_end: bool, data: st.DataObject
+) -> None:
+    """The split of a small dense range finds each offset's line as the search before and
+    after it does, with the line's index in the range and the range's newlines."""
+    body = b"\n".join(lines) + (b"\n" if newline_at_end else b"")
+    buf = b"head\n" + body + b"tail"
+    start, end = 5, 5 + len(body)
+    offsets = [i for i in range(start, end) if buf[i] != 10]
+    if not offsets:
+        return
+    found = sorted(data.draw(st.sets(st.sampled_from(offsets), min_size=1)))
+    split, newlines = prefilter._lines_split(buf, start, end, found)
+
+    def line_of(at: int) -> tuple[int, int, int]:
+        """As the search before and after an offset finds it (the range's last byte ends a
+        last line without a newline)."""
+        before, after = buf.rfind(b"\n", start, at), buf.find(b"\n", at, end)
+        return at, before + 1 if before >= 0 else start, after if after >= 0 else end - 1
+
+    assert [(r[0], r[2], r[3]) for r in split] == [
+        line_of(at) for at in _first_per_line(buf, start, found)
+    ]
+    assert [r[1] for r in split] == [buf.count(b"\n", start, r[2]) for r in split]
+    assert newlines == buf.count(b"\n", start, end)
+
+
+def _first_per_line(buf: bytes, start: int, found: list[int]) -> list[int]:
+    seen: set[int] = set()
+    out = []
+    for at in found:
+        line = buf.count(b"\n", start, at)
+        if line not in seen:
+            seen.add(line)
+            out.append(at)
+    return out

@@ -22,6 +22,7 @@ loop's progress, printed thousands of times.
 from __future__ import annotations
 
 import gc
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -372,8 +373,7 @@ class Triage:
         inp = self._input(source)
         self._take(inp, inp.scanner.close(), final=True)
         if inp.deferred is not None:
-            ranges = inp.read
-            if all(any(lo <= ln.lineno < hi for lo, hi in ranges) for ln, _h, _k in inp.deferred):
+            if _all_within([ln.lineno for ln, _h, _k in inp.deferred], inp.read):
                 # every candidate in the windows read, and no other line classified: the
                 # classifier's events would all be left out (the windows have them)
                 inp.deferred = None
@@ -832,6 +832,21 @@ def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:
 
 
 # ----------------------------------------------------------------------------- entry points
+
+
+def _all_within(linenos: list[int], ranges: list[tuple[int, int]]) -> bool:
+    """Whether every line number lies in one of ``ranges`` (sorted, disjoint, ends excluded)."""
+    if not linenos:
+        return True
+    if len(ranges) == 1:  # (a small log: one window)
+        lo, hi = ranges[0]
+        return lo <= min(linenos) and max(linenos) < hi
+    starts = [lo for lo, _hi in ranges]
+    for n in linenos:
+        i = bisect_right(starts, n) - 1
+        if i < 0 or n >= ranges[i][1]:
+            return False
+    return True
 
 
 def settle_collector() -> None:
