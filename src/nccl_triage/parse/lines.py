@@ -410,19 +410,10 @@ class _Decoded(Sequence[str]):
         return self._done[i]
 
 
-def make_event(line: Line, fields: Fields, text: str) -> Event:
-    """Build an :class:`Event` from a peeled line and the grammar's fields."""
-    f = dict(fields)
-    eras = f.pop("_eras", [])
-    incomplete = bool(f.pop("_incomplete", False))
-    f.pop("tail", None)
-    repeats = 0
-    m = REPEATED.search(line.text) if "[repeated " in line.text else None
-    if m:
-        repeats = int(m[1])
-    kind = str(f.pop("kind"))
-    core: dict[str, Any] = {}
-    for name in (
+# The grammar's fields an Event has as its own attributes, and those read apart (the rest is
+# its detail).
+_CORE_FIELDS = frozenset(
+    (
         "pg",
         "pg_guid",
         "pg_desc",
@@ -438,13 +429,38 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
         "last_started",
         "last_completed",
         "form",
-    ):
-        if name in f:
-            core[name] = f.pop(name)
-    rank = f.pop("rank", None)
-    host = f.pop("host", None)
-    pid = f.pop("pid", None)
-    local_rank = f.pop("local_rank", None)
+    )
+)
+_NOT_DETAIL = frozenset(
+    ("kind", "_eras", "_incomplete", "tail", "rank", "host", "pid", "local_rank")
+)
+
+
+def make_event(line: Line, fields: Fields, text: str) -> Event:
+    """Build an :class:`Event` from a peeled line and the grammar's fields."""
+    repeats = 0
+    m = REPEATED.search(line.text) if "[repeated " in line.text else None
+    if m:
+        repeats = int(m[1])
+    kind = str(fields["kind"])
+    # one pass over the fields: the event's own ones, those read below, and the detail (in the
+    # grammar's order)
+    core: dict[str, Any] = {}
+    detail: dict[str, str | int | None] = {}
+    for key, value in fields.items():
+        if key in _CORE_FIELDS:
+            core[key] = value
+        elif key not in _NOT_DETAIL:
+            if isinstance(value, list):  # rank lists of the desync report: "3", "0, 1, 2"
+                value = ", ".join(str(v) for v in value)
+            if value is None or isinstance(value, (str, int)):
+                detail[key] = value
+    eras = fields.get("_eras", [])
+    incomplete = bool(fields.get("_incomplete", False))
+    rank = fields.get("rank")
+    host = fields.get("host")
+    pid = fields.get("pid")
+    local_rank = fields.get("local_rank")
     if kind == Kind.CHILD_FAILED:
         # the record's rank is the failed rank, not the rank of the line printing it
         rank = rank if rank is not None else line.rank
@@ -452,12 +468,6 @@ def make_event(line: Line, fields: Fields, text: str) -> Event:
         rank = line.rank if line.rank is not None else rank
     if rank is None and core.get("pg_rank") is not None and core.get("pg") in (None, "0"):
         rank = core["pg_rank"]  # "[Rank N]" in the default process group is the global rank
-    detail: dict[str, str | int | None] = {}
-    for key, value in f.items():
-        if isinstance(value, list):  # rank lists of the desync report: "3", "0, 1, 2"
-            value = ", ".join(str(v) for v in value)
-        if value is None or isinstance(value, (str, int)):
-            detail[key] = value
     return Event(
         kind=kind,
         source=line.source,
