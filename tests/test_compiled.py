@@ -156,10 +156,34 @@ def test_old_files_are_pruned(
     assert len(list(cache_home.glob("*.code"))) == 3  # (pruned when past the cap)
 
 
-def test_sandbox_bounds_hold_for_code_read_back(tmp_path: Path, cache_home: Path) -> None:
+def test_sandbox_bounds_hold_for_code_read_back(
+    tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The code kept is the sandbox's: a hostile template read back is still refused."""
     (tmp_path / "a.md.j2").write_text("{{ ''.__class__.__mro__[1].__subclasses__() }}")
-    for _ in range(2):
-        with pytest.raises(jinja2.exceptions.SecurityError):
-            render(fresh_env(tmp_path))
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        render(fresh_env(tmp_path))
     assert len(list(cache_home.glob("*.code"))) == 1
+    with monkeypatch.context() as m, pytest.raises(jinja2.exceptions.SecurityError):
+        no_compile(m)
+        render(fresh_env(tmp_path))
+
+
+def test_a_changed_filter_or_option_is_never_met_by_old_code(
+    tmp_path: Path, cache_home: Path
+) -> None:
+    """Jinja works out a filter of constants as it compiles: a filter changed under the same
+    name has code of its own, as has an option that shapes the code (whitespace handling)."""
+    (tmp_path / "a.md.j2").write_text("{{ 1234567|num }}\n{% if true %}\n  x\n{% endif %}\n")
+    assert render(fresh_env(tmp_path)) == "1,234,567\n\n  x\n"
+    changed = fresh_env(tmp_path, {"num": lambda v: f"{v:_}"})
+    assert render(changed) == "1_234_567\n\n  x\n"
+    trimmed = fresh_env(tmp_path)
+    trimmed.trim_blocks = True
+    assert render(trimmed) == "1,234,567\n  x\n"
+    assert len(list(cache_home.glob("*.code"))) == 3
+
+
+def test_the_advice_environment_keeps_its_code(tmp_path: Path, cache_home: Path) -> None:
+    env = sandbox.environment((tmp_path,), (("num", str),))
+    assert isinstance(env.bytecode_cache, TemplateCodeCache)

@@ -596,8 +596,9 @@ def test_tables_for_another_grammar_or_damaged_are_not_used(tmp_path: Any, damag
         path.write_bytes(good[: len(good) // 2])
     elif damage == "a list":
         path.write_bytes(marshal.dumps([want]))
-    elif damage == "code":  # a code object where the tables should be: not run, not used
-        path.write_bytes(marshal.dumps({"stamp": want, "data": compile("1", "x", "eval")}))
+    elif damage == "code":  # a code object where the tables should be: never run, no tables
+        code = compile("1", "x", "eval")
+        path.write_bytes(marshal.dumps({"stamp": want, "data": code, "memo": {}}))
     else:
         path.write_bytes(damage)
     assert grammar._load_tables(path, want) is None

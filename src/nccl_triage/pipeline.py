@@ -373,7 +373,8 @@ class Triage:
         inp = self._input(source)
         self._take(inp, inp.scanner.close(), final=True)
         if inp.deferred is not None:
-            if _all_within([ln.lineno for ln, _h, _k in inp.deferred], inp.read):
+            inside = _inside(inp.read)
+            if all(inside(ln.lineno) for ln, _h, _k in inp.deferred):
                 # every candidate in the windows read, and no other line classified: the
                 # classifier's events would all be left out (the windows have them)
                 inp.deferred = None
@@ -810,13 +811,23 @@ def _signals_of(inp: _Input) -> list[Event]:
     Those of the windows read in full, and the candidate lines' signals outside them (inside,
     the windows' own reading has them).
     """
-    ranges = inp.read
-
-    def inside(line: int) -> bool:
-        return any(lo <= line < hi for lo, hi in ranges)
-
+    inside = _inside(inp.read)
     outside = [e for e in inp.signals.events if not inside(e.line)]
     return sorted([*outside, *inp.context.events()], key=lambda e: e.line)
+
+
+def _inside(ranges: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """Whether a line number lies in one of ``ranges`` (sorted, disjoint, ends excluded)."""
+    if len(ranges) == 1:  # (a small log: one window)
+        lo, hi = ranges[0]
+        return lambda n: lo <= n < hi
+    starts = [lo for lo, _hi in ranges]
+
+    def inside(n: int) -> bool:
+        i = bisect_right(starts, n) - 1
+        return i >= 0 and n < ranges[i][1]
+
+    return inside
 
 
 def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:
@@ -832,21 +843,6 @@ def _with_file_rank(events: list[Event], inp: _Input) -> list[Event]:
 
 
 # ----------------------------------------------------------------------------- entry points
-
-
-def _all_within(linenos: list[int], ranges: list[tuple[int, int]]) -> bool:
-    """Whether every line number lies in one of ``ranges`` (sorted, disjoint, ends excluded)."""
-    if not linenos:
-        return True
-    if len(ranges) == 1:  # (a small log: one window)
-        lo, hi = ranges[0]
-        return lo <= min(linenos) and max(linenos) < hi
-    starts = [lo for lo, _hi in ranges]
-    for n in linenos:
-        i = bisect_right(starts, n) - 1
-        if i < 0 or n >= ranges[i][1]:
-            return False
-    return True
 
 
 def settle_collector() -> None:

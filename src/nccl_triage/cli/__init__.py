@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -91,8 +92,6 @@ class _LazyGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug must not look like "failure found" (1)
-            import traceback  # (only on an error: its import costs a start 3 ms)
-
             if os.environ.get(DEBUG_ENV):
                 traceback.print_exc()
             where = _origin(exc)
@@ -105,8 +104,6 @@ class _LazyGroup(click.Group):
 
 def _origin(exc: BaseException) -> str:
     """`` at file:line`` of the innermost frame of the package that raised ``exc``."""
-    import traceback
-
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if "nccl_triage" in f.filename]
     if not ours:

@@ -54,10 +54,11 @@ _NL = 10
 _NUMPY_AFTER = 256 << 20  # numpy is imported once an input has been this large
 _VECTOR = 64 << 10  # a range this large has its candidates' line numbers worked out by numpy
 _DENSE = 4 << 10  # ... by finding every newline where a candidate falls at least this often
-# a range where a candidate falls at least this often is split at its newlines, whatever its
-# size: a small log's lines are nearly all candidates (loss dicts), which one split finds faster
-# than one search before and after each
+# a small range (at most _SPLIT_MOST bytes) where a candidate falls at least every
+# _SPLIT_DENSE bytes is split at its newlines: a small log's lines are nearly all candidates
+# (loss dicts), which one split finds faster than one search before and after each
 _SPLIT_DENSE = 256
+_SPLIT_MOST = 1 << 20
 _np: Any = None  # the numpy module, once imported
 
 
@@ -156,12 +157,13 @@ def _lines_of(
     newlines of the whole range. Where numpy is loaded (large inputs) and the range is large,
     ``index`` is the line's number in the range and the count is the total: one comparison of
     the range with a newline, then either every newline found (dense offsets, at least one per
-    :data:`_DENSE` bytes) or the newlines between sparse candidates' lines counted. Else
-    ``index`` is -1 and the count None: the caller counts as it goes.
+    :data:`_DENSE` bytes) or the newlines between sparse candidates' lines counted. A small
+    dense range is split at its newlines (:func:`_lines_split`), with the same index and count.
+    Else ``index`` is -1 and the count None: the caller counts as it goes.
     """
     rows: list[tuple[int, int, int, int]] = []
     numpy = _np is not None and end - start >= _VECTOR
-    if not numpy and found and len(found) * _SPLIT_DENSE >= end - start:
+    if not numpy and found and end - start <= min(_SPLIT_MOST, len(found) * _SPLIT_DENSE):
         return _lines_split(buf, start, end, found)
     if numpy and found and len(found) * _DENSE >= end - start:
         nl = _np.flatnonzero(newlines.mask(buf, start, end))

@@ -4,11 +4,12 @@ Input: one message (prefixes peeled, terminal damage undone). Output: a flat dic
 fields (``kind`` included), or None when the text is not a message the grammar knows.
 
 Only this package imports lark. The parser is built once per process (LALR, contextual lexer);
-its tables ship with the package as plain data (dictionaries, lists, tuples, text, numbers) in
-``marshal``'s format (``nccl_tables.marshal``, written by ``python -m nccl_triage.parse.grammar``),
-so a process loads them in two hundredths of a second instead of building them (JSON took
-5 ms more to decode). Tables written for another grammar text or another Lark version, or that
-do not decode, are ignored, and the parser is built as before.
+its tables ship with the package as plain data (dictionaries, lists, tuples, text, numbers: so
+checked as they are written) in ``marshal``'s format (``nccl_tables.marshal``, written by
+``python -m nccl_triage.parse.grammar``), so a process loads them in two hundredths of a second
+instead of building them (JSON took 5 ms more to decode). Tables written for another grammar
+text or another Lark version, or that do not decode, are ignored, and the parser is built as
+before.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import marshal
 from functools import cache
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from nccl_triage.parse.fields_libs import LibraryFields
 from nccl_triage.parse.fields_torch import TorchFields
 
 TABLES = "nccl_tables.marshal"
-_HERE = Path(__file__).parent  # (the package's files: importlib.resources costs a start 4 ms)
+_HERE = resources.files("nccl_triage.parse")
 
 
 @cache
@@ -55,7 +58,7 @@ def stamp(text: str) -> str:
     return f"{digest} lark {lark.__version__}"
 
 
-def _load_tables(path: Path, want: str) -> Lark | None:
+def _load_tables(path: Path | Traversable, want: str) -> Lark | None:
     try:
         blob = marshal.loads(path.read_bytes())
     except (OSError, ValueError, EOFError, TypeError):

@@ -71,14 +71,13 @@ def parse_message(message: str, head_before: int | None = None) -> Fields | None
     if len(message) > _CACHED_LENGTH:  # a long glued line: rare, and it would fill the cache
         fields = _parse(message, head_before)
     elif head_before is None:
-        known = _seen.get(message, _UNSEEN)
-        if known is _UNSEEN:
-            known = _by_shape(message)
-            if len(_seen) >= _MAX_SEEN:
-                _seen.clear()
-            _seen[message] = _copy(known)  # (kept apart: the caller may change its own)
-            return known
-        return _copy(known)  # type: ignore[arg-type]
+        if message in _seen:
+            return _copy(_seen[message])
+        fields = _by_shape(message)
+        if len(_seen) >= _MAX_SEEN:
+            _seen.clear()
+        _seen[message] = _copy(fields)  # (a dict apart: callers add to theirs)
+        return fields
     else:
         fields = _parse_once(message, head_before)
     return None if fields is None else dict(fields)
@@ -105,8 +104,7 @@ _shapes: dict[str, object] = {}
 # Messages seen before, word for word, with their fields: the same line comes from every rank
 # and every job ("NCCL version 2.21.5+cuda12.4"), and a copy costs a tenth of filling a shape.
 _MAX_SEEN = 4096
-_UNSEEN = object()
-_seen: dict[str, object] = {}
+_seen: dict[str, Fields | None] = {}
 
 
 def _by_shape(message: str) -> Fields | None:
