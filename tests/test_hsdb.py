@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nccl_triage.ingest import hsdb
 
@@ -154,6 +156,14 @@ def test_old_databases_are_pruned(cache: Path, monkeypatch: pytest.MonkeyPatch) 
         for f in cache.glob("*.hsdb"):
             os.utime(f, (f.stat().st_mtime - 10, f.stat().st_mtime - 10))  # older than the next
     assert len(list(cache.glob("*.hsdb"))) == 3
+
+
+@given(st.binary(max_size=64))
+def test_every_byte_but_ascii_letters_and_digits_is_escaped(literal: bytes) -> None:
+    expected = b"".join(
+        bytes([b]) if b < 128 and chr(b).isalnum() else b"\\x%02x" % b for b in literal
+    )
+    assert hsdb.literal_expression(literal) == expected
 
 
 def test_literals_are_escaped_byte_by_byte() -> None:

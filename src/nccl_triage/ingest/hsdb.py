@@ -204,9 +204,13 @@ def _plain_members(members: str) -> bool:
 
 def literal_expression(literal: bytes) -> bytes:
     """A literal as a Hyperscan expression: every byte but ASCII letters and digits escaped."""
-    return b"".join(
-        bytes([b]) if chr(b).isascii() and chr(b).isalnum() else b"\\x%02x" % b for b in literal
-    )
+    return b"".join(map(_PIECES.__getitem__, literal))
+
+
+# each byte as a literal expression reads it (a start escapes ~400 anchors: a table is 5x faster)
+_PIECES = [
+    bytes([b]) if chr(b).isascii() and chr(b).isalnum() else b"\\x%02x" % b for b in range(256)
+]
 
 
 def compiles(expression: bytes) -> bool:

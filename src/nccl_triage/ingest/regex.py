@@ -16,9 +16,14 @@ import re2
 
 @cache
 def compile_regex(pattern: str, ignore_case: bool = False) -> Any:
-    """Compile a pattern over text (compiled once per process)."""
+    """Compile a pattern over text (compiled once per process).
+
+    Raises:
+        re2.error: RE2 rejects the pattern (and says nothing on stderr).
+    """
     options = re2.Options()
     options.case_sensitive = not ignore_case
+    options.log_errors = False
     return re2.compile(pattern, options)
 
 
@@ -31,6 +36,7 @@ def compile_bytes_regex(pattern: str, ignore_case: bool = False) -> Any:
     """
     options = re2.Options()
     options.case_sensitive = not ignore_case
+    options.log_errors = False
     return re2.compile(pattern.encode("utf-8"), options)
 
 
@@ -160,13 +166,14 @@ def compile_set(patterns: tuple[tuple[str, bool], ...]) -> RegexSet:
     return RegexSet(patterns)
 
 
-def compile_error(regex: str, ignore_case: bool = False) -> str | None:
-    """Return why RE2 rejects a pattern, or None when it compiles."""
-    options = re2.Options()
-    options.case_sensitive = not ignore_case
-    options.log_errors = False  # the reason is returned; RE2 need not print it on stderr too
+def compile_error(regex: str, ignore_case: bool = False, over_bytes: bool = False) -> str | None:
+    """Return why RE2 rejects a pattern, or None when it compiles.
+
+    The pattern is compiled as it is used later, so that it is compiled once: over text
+    (:func:`compile_regex`), or with ``over_bytes`` over UTF-8 bytes (:func:`bytes_searcher`).
+    """
     try:
-        re2.compile(regex, options)
+        (compile_bytes_regex if over_bytes else compile_regex)(regex, ignore_case)
     except Exception as exc:  # noqa: BLE001 - re2.error, and plain errors for some inputs
         arg = exc.args[0] if exc.args else ""
         reason = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)

@@ -131,7 +131,7 @@ def load_signal(path: Path) -> tuple[Signal | None, list[str]]:
         regex = check.string(item, "regex", what)
         if regex is None:
             continue
-        err = compile_error(regex, ignore_case)
+        err = compile_error(regex, ignore_case, over_bytes=True)  # (as the classifier reads)
         if err:
             check.add(
                 check.line_of(item, "regex"), f"{what}regex does not compile under RE2: {err}"
