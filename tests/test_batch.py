@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import contextlib
 import fnmatch
 import gzip
 import json
@@ -964,3 +965,42 @@ def test_a_new_job_that_cannot_be_read_is_a_row_not_a_triage(
     monkeypatch.undo()
     again = b.run_batch([str(tmp_path)], ruleset, opts)
     assert (again.stats.triaged, again.stats.cached) == (1, 1)
+
+
+def test_files_gone_are_forgotten_once_the_table_has_grown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of files that no longer exist go at the end of a run, once the table holds more than
+    the threshold and twice what the last pruning kept; a table of files that all exist is not
+    looked through again at the next run."""
+    from nccl_triage.batch import cache as cache_mod
+    from nccl_triage.batch.cache import ResultCache
+
+    monkeypatch.setattr(cache_mod, "PRUNE_FILES_AFTER", 4)
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"f{i}.log"
+        p.write_text(f"{i}\n")
+        paths.append(p)
+    db = tmp_path / "c.sqlite"
+
+    def remember_all(files: list[Path]) -> None:
+        cache = ResultCache(db, "v")
+        for p in files:
+            cache.digest(b.InputFile(p.name, str(p)))
+        cache.close()
+
+    def rows() -> list[str]:
+        with contextlib.closing(sqlite3.connect(str(db))) as con:
+            return sorted(r[0] for r in con.execute("SELECT path FROM files"))
+
+    remember_all(paths[:4])  # 4 rows: not past the threshold
+    paths[0].unlink()
+    remember_all(paths[4:5])
+    # 5 rows > 4: looked through, the gone one dropped
+    assert rows() == sorted(os.path.realpath(p) for p in paths[1:5])
+    looked: list[str] = []
+    real_lexists = os.path.lexists
+    monkeypatch.setattr(os.path, "lexists", lambda p: looked.append(p) or real_lexists(p))
+    remember_all(paths[5:])  # 5 rows, not twice the 4 kept: not looked through
+    assert looked == [] and len(rows()) == 5

@@ -39,6 +39,10 @@ from nccl_triage.ingest.private import cache_root
 _HASH_CHUNK = 1 << 20
 FileKey = tuple[str, int, int, int]  # a file's real path, size, mtime (ns) and inode
 PRELOAD_FILES = 100_000  # remembered files read in one query up to this many (about 40 MB)
+# Remembered files whose path is gone are dropped at the end of a run once the table holds more
+# than this many rows and twice as many as after the last time (so a table of files that all
+# exist is not looked through again at every run).
+PRUNE_FILES_AFTER = 20_000
 
 
 def file_digest(path: str) -> str:
@@ -354,14 +358,30 @@ class ResultCache:
         self.db.commit()
 
     def close(self) -> None:
-        """Drop results unused for :data:`CACHE_KEEP_DAYS`, then close the database."""
+        """Drop results unused for :data:`CACHE_KEEP_DAYS` and files gone, then close.
+
+        Files gone are looked for once the table has grown (:data:`PRUNE_FILES_AFTER`).
+        """
         with contextlib.suppress(sqlite3.Error):
             self.commit()
             self.db.execute(
                 "DELETE FROM results WHERE used < ?", (time.time() - CACHE_KEEP_DAYS * 86400,)
             )
+            self._prune_files()
             self.db.commit()
         self.db.close()
+
+    def _prune_files(self) -> None:
+        """Forget the files whose path is gone, when the table has grown enough to look."""
+        db = self.db
+        rows = int(db.execute("SELECT COUNT(*) FROM files").fetchone()[0])
+        row = db.execute("SELECT value FROM meta WHERE key = 'files_kept'").fetchone()
+        kept = int(row[0]) if row is not None and str(row[0]).isdigit() else 0
+        if rows <= max(PRUNE_FILES_AFTER, 2 * kept):
+            return
+        gone = [(p,) for (p,) in db.execute("SELECT path FROM files") if not os.path.lexists(p)]
+        db.executemany("DELETE FROM files WHERE path = ?", gone)
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('files_kept', ?)", (str(rows - len(gone)),))
 
 
 class ReadOnlyCache:
