@@ -817,7 +817,7 @@ def _signals_of(inp: _Input) -> list[Event]:
 
 
 def _inside(ranges: list[tuple[int, int]]) -> Callable[[int], bool]:
-    """Whether a line number lies in one of ``ranges`` (sorted, disjoint, ends excluded)."""
+    """A test of whether a line number lies in one of ``ranges`` (sorted, disjoint, ends excluded)."""
     if len(ranges) == 1:  # (a small log: one window)
         lo, hi = ranges[0]
         return lambda n: lo <= n < hi

@@ -185,6 +185,7 @@ class ResultCache:
         if row is None or row[0] != str(CACHE_SCHEMA):
             db.execute("DROP TABLE IF EXISTS files")
             db.execute("DROP TABLE IF EXISTS results")
+            db.execute("DELETE FROM meta WHERE key = 'files_kept'")
         db.execute(
             "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER,"
             " mtime_ns INTEGER, ino INTEGER, digest TEXT)"
