@@ -8,16 +8,16 @@ second.
 
 The code lives in ``$XDG_CACHE_HOME/nccl-triage/templates/`` (else under ``~/.cache``), as
 Python keeps the bytecode of its modules: one file per template, named by everything that made
-it: the sandbox's own source (its code generator), the environment's options that shape the
-code (delimiters, whitespace handling, extensions), the filters and tests the template may use
-(their names, and for those not Jinja's own their code and their module's source: Jinja works
-out a filter of constants when it compiles, so the code may hold what one returned), Jinja's
-version and Python's bytecode format. A file is used
-only when it is safe and whole: a regular file owned by the user and writable by no one else
-in a directory private to the user, no symbolic link, its header naming the template source's
-checksum, and its code matching the SHA-256 beside it. Nothing is unpickled: the header is
-text, the code is read by ``marshal`` only once all of that holds. Any doubt is a miss: the
-template is compiled again and the file rewritten.
+it. That is the sandbox's own source (its code generator), the environment's options that shape
+the code (delimiters, whitespace handling, extensions), the filters and tests the template may
+use (their names, and for those not Jinja's own their code and their module's source: Jinja
+works out a filter of constants when it compiles, so the code may hold what one returned),
+Jinja's version and Python's bytecode format. A file is used only when it is safe and whole: a
+regular file owned by the user and writable by no one else in a directory private to the user,
+no symbolic link, its header naming the template source's checksum, and its code matching the
+SHA-256 beside it. Nothing is unpickled: the header is text, the code is read by ``marshal``
+only once all of that holds. Any doubt is a miss: the template is compiled again and the file
+rewritten.
 """
 
 from __future__ import annotations
